@@ -1,0 +1,88 @@
+// Package kafkatest gives tests a Kafka broker: an in-process kfake cluster
+// per test, or the real brokers in KAFKA_BROKERS, and a fresh topic per use.
+package kafkatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Broker is the Kafka cluster a test talks to.
+type Broker struct {
+	// Addrs are the seed brokers.
+	Addrs []string
+	// Fake is the in-process cluster, for fault injection; nil when the
+	// test runs against KAFKA_BROKERS.
+	Fake *kfake.Cluster
+}
+
+// New returns KAFKA_BROKERS when set, otherwise a kfake cluster of three
+// brokers (so that leaders can move) closed when the test ends. opts apply
+// only to kfake.
+func New(t testing.TB, opts ...kfake.Opt) *Broker {
+	t.Helper()
+	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
+		return &Broker{Addrs: strings.Split(env, ",")}
+	}
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(3)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return &Broker{Addrs: c.ListenAddrs(), Fake: c}
+}
+
+// Client returns a client of the broker, closed when the test ends.
+func (b *Broker) Client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.Addrs...)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// Topic creates a topic with a unique name and the given partition count.
+func (b *Broker) Topic(t testing.TB, partitions int32) string {
+	t.Helper()
+	name := "test-" + randomHex(6)
+	adm := kadm.NewClient(b.Client(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := adm.CreateTopic(ctx, partitions, 1, nil, name)
+	require.NoError(t, err)
+	require.NoError(t, resp.Err)
+	return name
+}
+
+// Records reads the topic from the start until want records arrived or the
+// deadline passed, and returns what it read.
+func (b *Broker) Records(t testing.TB, topic string, want int, within time.Duration) []*kgo.Record {
+	t.Helper()
+	cl := b.Client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	var got []*kgo.Record
+	for len(got) < want {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		fetches.EachError(func(_ string, _ int32, err error) { t.Logf("kafkatest: fetch: %v", err) })
+		got = append(got, fetches.Records()...)
+	}
+	return got
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

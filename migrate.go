@@ -1,0 +1,188 @@
+package outbox
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// DefaultSchema is the PostgreSQL schema that holds the SDK's tables unless a
+// Config says otherwise.
+const DefaultSchema = "outbox"
+
+// partitionedLayout is the optional file that Migrate runs before version 1
+// when MigrateConfig.PartitionEventsByDay is set.
+const partitionedLayout = "partitioned_events.sql"
+
+// Migrations returns the SQL migration files, for users who apply them with
+// their own tool (goose, atlas, golang-migrate). Files named NNNN_name.sql are
+// versions to apply in order; partitioned_events.sql is the optional
+// day-partitioned events table, applied before 0001 when wanted. The files use
+// unqualified names: run them with search_path set to the target schema.
+func Migrations() fs.FS {
+	sub, err := fs.Sub(migrationFiles, "migrations")
+	if err != nil {
+		panic(err) // the embedded directory is fixed at build time
+	}
+	return sub
+}
+
+// Migration is one numbered migration file.
+type Migration struct {
+	// Version is the number the file name starts with.
+	Version int
+	// Name is the file name.
+	Name string
+	// SQL is the file's content.
+	SQL string
+}
+
+// MigrationList returns the numbered migrations in the order they apply.
+func MigrationList() ([]Migration, error) {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("read embedded migrations: %w", err)
+	}
+	var list []Migration
+	for _, e := range entries {
+		name := e.Name()
+		prefix, _, ok := strings.Cut(name, "_")
+		version, err := strconv.Atoi(prefix)
+		if !ok || err != nil {
+			continue // not a numbered version, e.g. the optional layout
+		}
+		body, err := migrationFiles.ReadFile(path.Join("migrations", name))
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", name, err)
+		}
+		list = append(list, Migration{Version: version, Name: name, SQL: string(body)})
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Version < list[j].Version })
+	return list, nil
+}
+
+// Beginner starts a transaction. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// MigrateConfig tunes Migrate. The zero value is valid.
+type MigrateConfig struct {
+	// Schema is where the tables go; it is created if missing.
+	// Default DefaultSchema ("outbox").
+	Schema string
+	// PartitionEventsByDay creates the events table partitioned by day, so
+	// that retention drops partitions instead of deleting rows. It applies
+	// only when the schema is first migrated; it cannot convert an existing
+	// table. Default false.
+	PartitionEventsByDay bool
+	// Logger receives one line per applied migration. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// migrateLockClass namespaces Migrate's advisory lock; the second key is the
+// hash of the schema name, so migrations of different schemas do not wait for
+// each other.
+const migrateLockClass = 0x6f75 // "ou"
+
+// Migrate brings schema up to the newest version in one transaction. It is
+// safe to run on every start-up and from several processes at once: an
+// advisory lock serialises concurrent runs and the versions table makes a
+// second run a no-op. It returns the versions it applied.
+func Migrate(ctx context.Context, db Beginner, cfg *MigrateConfig) ([]int, error) {
+	if cfg == nil {
+		cfg = &MigrateConfig{}
+	}
+	schema := cfg.Schema
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	list, err := MigrationList()
+	if err != nil {
+		return nil, err
+	}
+	quoted := pgx.Identifier{schema}.Sanitize()
+
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	// The lock comes before CREATE SCHEMA IF NOT EXISTS: two sessions
+	// creating the same schema at once would otherwise race on the catalog's
+	// unique index and one would fail.
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, migrateLockClass, schema); err != nil {
+		return nil, fmt.Errorf("migrate: take advisory lock: %w", err)
+	}
+	setup := `CREATE SCHEMA IF NOT EXISTS ` + quoted + `;
+CREATE TABLE IF NOT EXISTS ` + quoted + `.schema_versions (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`
+	if _, err := tx.Exec(ctx, setup); err != nil {
+		return nil, fmt.Errorf("migrate: create schema %s: %w", quoted, err)
+	}
+	applied := map[int]bool{}
+	rows, err := tx.Query(ctx, `SELECT version FROM `+quoted+`.schema_versions`)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	for _, v := range versions {
+		applied[v] = true
+	}
+	// SET LOCAL ends with the transaction, so the caller's connection keeps
+	// its own search_path.
+	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, quoted); err != nil {
+		return nil, fmt.Errorf("migrate: set search_path: %w", err)
+	}
+	var done []int
+	for _, m := range list {
+		if applied[m.Version] {
+			continue
+		}
+		if m.Version == 1 && cfg.PartitionEventsByDay {
+			body, err := migrationFiles.ReadFile(path.Join("migrations", partitionedLayout))
+			if err != nil {
+				return nil, fmt.Errorf("migrate: read %s: %w", partitionedLayout, err)
+			}
+			if _, err := tx.Exec(ctx, string(body)); err != nil {
+				return nil, fmt.Errorf("migrate: apply %s: %w", partitionedLayout, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return nil, fmt.Errorf("migrate: apply %s: %w", m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+quoted+`.schema_versions (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+			return nil, fmt.Errorf("migrate: record %s: %w", m.Name, err)
+		}
+		done = append(done, m.Version)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("migrate: commit: %w", err)
+	}
+	for _, v := range done {
+		logger.InfoContext(ctx, "outbox: applied migration", slog.String("schema", schema), slog.Int("version", v))
+	}
+	return done, nil
+}
