@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -53,7 +54,7 @@ func New(t testing.TB, opts *Opts) *DB {
 	require.NoError(t, err)
 
 	schema := "test_" + randomHex(6)
-	_, err = outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema, PartitionEventsByDay: opts.PartitionEventsByDay})
+	_, err = outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema, PartitionEventsByDay: opts.PartitionEventsByDay, Logger: quiet})
 	require.NoError(t, err)
 
 	t.Cleanup(func() {
@@ -72,6 +73,9 @@ func New(t testing.TB, opts *Opts) *DB {
 func (db *DB) Table(name string) string { return quote(db.Schema) + "." + quote(name) }
 
 func quote(ident string) string { return pgx.Identifier{ident}.Sanitize() }
+
+// quiet drops Migrate's log lines, which say the same for every test.
+var quiet = slog.New(slog.DiscardHandler)
 
 func randomHex(n int) string {
 	b := make([]byte, n)
