@@ -69,9 +69,13 @@ fetch_jars() {
 	local tmp=$here/target/lib.tmp
 	rm -rf "$tmp"
 	mkdir -p "$here/target"
-	mvn -B -q -f "$here/pom.xml" dependency:copy-dependencies \
-		-DincludeScope=runtime -DoutputDirectory="$tmp" >&2 ||
+	# Maven's output is shown only when it fails (with -q it says nothing
+	# useful otherwise, only colour codes).
+	if ! mvn -B -q -f "$here/pom.xml" dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory="$tmp" >"$here/target/mvn.log" 2>&1; then
+		cat "$here/target/mvn.log" >&2
 		die "mvn dependency:copy-dependencies failed"
+	fi
 	ls "$tmp"/kafka_2.13-*.jar >/dev/null 2>&1 || die "Maven fetched no kafka_2.13 jar into $tmp"
 	touch "$tmp/.complete"
 	rm -rf "$lib"
@@ -219,7 +223,10 @@ start_broker() {
 	if [[ -f $log ]]; then mv -f "$log" "$log.prev"; fi
 	local t0ns
 	t0ns=$(date +%s%N)
-	say "starting Kafka $(ls "$lib"/kafka_2.13-*.jar | sed 's/.*kafka_2.13-//; s/\.jar$//') on $addr ($mode data dir $data)"
+	local jar version
+	jar=$(echo "$lib"/kafka_2.13-*.jar)
+	version=${jar##*/kafka_2.13-}
+	say "starting Kafka ${version%.jar} on $addr ($mode data dir $data)"
 	if ! start_once "$mode"; then
 		say "first start-up attempt failed; retrying once"
 		echo "---- retry ----" >>"$log"
