@@ -53,7 +53,7 @@ func newBucketOwner(r *Relay) *bucketOwner {
 // between batches, so a bucket given up has nothing of ours in flight.
 func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 	if o.conn == nil || o.conn.IsClosed() {
-		o.dropAll()
+		o.dropAll(ctx)
 		conn, err := pgx.ConnectConfig(ctx, o.r.cfg.SessionConfig)
 		if err != nil {
 			return err
@@ -65,7 +65,7 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 	var live int
 	err := o.conn.QueryRow(ctx, s.heartbeat, o.r.cfg.RelayID, idle, o.idleFor().Milliseconds(), stale.Milliseconds()).Scan(&live)
 	if err != nil {
-		o.resetIfBroken()
+		o.reset(ctx)
 		return err
 	}
 	if idle {
@@ -82,7 +82,7 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 			give = append(give, b)
 		}
 		if _, err := o.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, b) FROM unnest($2::int[]) AS b`, o.r.lockKey, give); err != nil {
-			o.resetIfBroken()
+			o.reset(ctx)
 			return err
 		}
 		for _, b := range give {
@@ -105,12 +105,12 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 		// the LIMIT stops it, so no more locks are taken than wanted.
 		rows, err := o.conn.Query(ctx, `SELECT b FROM unnest($2::int[]) AS b WHERE pg_try_advisory_lock($1, b) LIMIT $3`, o.r.lockKey, free, want)
 		if err != nil {
-			o.resetIfBroken()
+			o.reset(ctx)
 			return err
 		}
 		taken, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 		if err != nil {
-			o.resetIfBroken()
+			o.reset(ctx)
 			return err
 		}
 		if len(taken) > 0 {
@@ -139,7 +139,7 @@ func (o *bucketOwner) refreshFences(ctx context.Context) error {
 		if len(check) > 0 {
 			rows, err := o.conn.Query(ctx, o.r.sql.leasedBuckets, check)
 			if err != nil {
-				o.resetIfBroken()
+				o.reset(ctx)
 				return err
 			}
 			busy := map[int32]time.Time{}
@@ -153,7 +153,7 @@ func (o *bucketOwner) refreshFences(ctx context.Context) error {
 				busy[b] = until
 			}
 			if err := rows.Err(); err != nil {
-				o.resetIfBroken()
+				o.reset(ctx)
 				return err
 			}
 			for _, b := range check {
@@ -194,12 +194,12 @@ func (o *bucketOwner) claim(ctx context.Context) ([]*claimedEvent, error) {
 	}
 	rows, err := o.conn.Query(ctx, o.r.sql.claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds())
 	if err != nil {
-		o.resetIfBroken()
+		o.reset(ctx)
 		return nil, err
 	}
 	batch, err := pgx.CollectRows(rows, scanClaimed)
 	if err != nil {
-		o.resetIfBroken()
+		o.reset(ctx)
 		return nil, err
 	}
 	slices.SortFunc(batch, func(a, b *claimedEvent) int { return int(a.id - b.id) })
@@ -236,18 +236,16 @@ func (o *bucketOwner) idleFor() time.Duration {
 }
 
 // reset drops the session after a claim error if the session is gone.
-func (o *bucketOwner) reset(context.Context) { o.resetIfBroken() }
-
-func (o *bucketOwner) resetIfBroken() {
+func (o *bucketOwner) reset(ctx context.Context) {
 	if o.conn != nil && o.conn.IsClosed() {
-		o.dropAll()
+		o.dropAll(ctx)
 	}
 }
 
 // dropAll forgets every bucket: the session that held their locks is gone,
 // and the server released them with it.
-func (o *bucketOwner) dropAll() {
-	if len(o.owned) > 0 {
+func (o *bucketOwner) dropAll(ctx context.Context) {
+	if len(o.owned) > 0 && ctx.Err() == nil {
 		o.r.log.Warn("relay: lost the session holding its bucket locks; stopped publishing until it reconnects", slog.Int("buckets", len(o.owned)))
 	}
 	if o.conn != nil {
