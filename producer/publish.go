@@ -81,6 +81,9 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []error {
 			wg.Done()
 		})
 	}
+	// Flush sends what the client is lingering on at once: the relay
+	// waits for this batch anyway, so lingering only adds latency.
+	_ = r.client.Flush(ctx)
 	wg.Wait()
 	return results
 }
