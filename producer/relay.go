@@ -225,7 +225,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case n > 0:
 			failures = 0
-			if idle && n >= busyThreshold {
+			if idle {
+				// Found work: writers may stop notifying, since the relay
+				// claims again straight after this batch.
 				idle = false
 				if err := owner.setIdle(ctx, false); err != nil {
 					r.logError(ctx, "relay: clear idle flag", err)
@@ -251,12 +253,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	return ctx.Err()
 }
-
-// busyThreshold is the batch size from which the relay counts as busy and
-// stops asking writers for wake-ups: NOTIFY serialises committing
-// transactions database-wide, and a relay that finds this much work per
-// claim loops straight into its next claim anyway.
-const busyThreshold = 32
 
 // sleep waits for a wake-up, the timeout or the end of ctx.
 func (r *Relay) sleep(ctx context.Context, wake <-chan struct{}, d time.Duration) {
