@@ -156,6 +156,39 @@ func TestRelay(t *testing.T) {
 		require.Len(t, ids, total, "every event on the topic at least once")
 	})
 
+	t.Run("FailedMarkRepublishesAfterTheLease", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 2)
+		// The first two attempts to mark rows delivered fail, as if the
+		// database went away between the broker's ack and the mark. A
+		// sequence counts them: nextval survives the rollback.
+		_, err := b.db.Pool.Exec(ctx, `
+CREATE SEQUENCE `+b.db.Table("mark_attempts")+`;
+CREATE FUNCTION `+b.db.Table("fail_marks")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('`+b.db.Table("mark_attempts")+`') <= 2 THEN RAISE EXCEPTION 'injected mark failure'; END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER fail_marks AFTER UPDATE OF published_at ON `+b.db.Table("events")+`
+    FOR EACH STATEMENT EXECUTE FUNCTION `+b.db.Table("fail_marks")+`();`)
+		require.NoError(t, err)
+		var events []producer.Event
+		for i := range 20 {
+			events = append(events, b.event(aggName(i%5)))
+		}
+		b.write(t, events...)
+		b.startRelay(t, &producer.RelayConfig{Lease: 300 * time.Millisecond, PublishTimeout: 200 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+		b.waitDelivered(t, 30*time.Second)
+		var marks int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT last_value FROM `+b.db.Table("mark_attempts")).Scan(&marks))
+		require.Equal(t, 3, marks, "two failed marks, then one that held")
+		// Each failed mark left its batch leased; after the lease the batch
+		// was published again: duplicates, in order, nothing lost.
+		records := b.broker.Records(t, b.topic, 60, 30*time.Second)
+		require.Len(t, records, 60)
+		require.Len(t, checkOrder(t, records), 20)
+	})
+
 	t.Run("BrokerFaultsRetryWithoutLossOrReorder", func(t *testing.T) {
 		t.Parallel()
 		b := newFaultBundle(t, 4)
