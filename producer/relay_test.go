@@ -92,6 +92,31 @@ func TestRelay(t *testing.T) {
 		}
 	})
 
+	t.Run("ListenerReconnects", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 1)
+		b.startRelay(t, &producer.RelayConfig{PollInterval: time.Hour, RebalanceInterval: time.Hour, MinBackoff: 10 * time.Millisecond})
+		listener := func() int {
+			var pid int
+			_ = b.db.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'`, b.appName).Scan(&pid)
+			return pid
+		}
+		waitFor(t, 30*time.Second, "a listening session", func() bool { return listener() != 0 })
+		old := listener()
+		_, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old)
+		require.NoError(t, err)
+		waitFor(t, 30*time.Second, "a new listening session", func() bool { pid := listener(); return pid != 0 && pid != old })
+		waitFor(t, 30*time.Second, "relay idle", func() bool {
+			var idle bool
+			_ = b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.db.Table("relays")+` WHERE idle_until > now())`).Scan(&idle)
+			return idle
+		})
+		// With an hour-long poll, only the new session's notification can
+		// bring this event out in time.
+		b.write(t, b.event("a"))
+		b.waitDelivered(t, 20*time.Second)
+	})
+
 	t.Run("PollCoversALostNotification", func(t *testing.T) {
 		t.Parallel()
 		b := newBundle(t, 1)
