@@ -71,7 +71,8 @@ type RelayConfig struct {
 	RelayID string
 	// RebalanceInterval is how often the relay renews its heartbeat and
 	// rebalances buckets with the other instances. An instance that dies
-	// without a clean stop is noticed after three intervals. Default 2s.
+	// without a clean stop is noticed after three intervals. Give every
+	// instance of one schema the same value. Default 2s.
 	RebalanceInterval time.Duration
 	// Retention is how long delivered events are kept before they are
 	// pruned; negative disables pruning. Default 7 days.
@@ -111,7 +112,14 @@ type Relay struct {
 // publishes through client. The client must keep idempotent writes (the
 // default): the relay relies on them for per-partition order across
 // retries. Records are keyed by aggregate id, so keep a key-hashing
-// partitioner (the default).
+// partitioner (the default). The relay flushes the client after each
+// batch; a client shared with other producers has their records flushed
+// too.
+//
+// A topic that does not exist is a retryable error to Kafka: its events
+// are retried with backoff until it is created (the age alert on
+// Health.OldestUndelivered fires meanwhile), and only their own
+// aggregates wait.
 func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay, error) {
 	if pool == nil {
 		return nil, errors.New("producer: NewRelay needs a pool; got nil")
