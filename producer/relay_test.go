@@ -189,16 +189,7 @@ func TestRelay(t *testing.T) {
 		// database went away between the broker's ack and the mark: more
 		// than the relay retries within half a lease. A sequence counts
 		// them: nextval survives the rollback.
-		_, err := b.db.Pool.Exec(ctx, `
-CREATE SEQUENCE `+b.db.Table("mark_attempts")+`;
-CREATE FUNCTION `+b.db.Table("fail_marks")+`() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF nextval('`+b.db.Table("mark_attempts")+`') <= 4 THEN RAISE EXCEPTION 'injected mark failure'; END IF;
-    RETURN NULL;
-END $$;
-CREATE TRIGGER fail_marks AFTER UPDATE OF published_at ON `+b.db.Table("events")+`
-    FOR EACH STATEMENT EXECUTE FUNCTION `+b.db.Table("fail_marks")+`();`)
-		require.NoError(t, err)
+		marks := b.failUpdates(t, "published_at", 4)
 		var events []producer.Event
 		for i := range 20 {
 			events = append(events, b.event(aggName(i%5)))
@@ -207,9 +198,7 @@ CREATE TRIGGER fail_marks AFTER UPDATE OF published_at ON `+b.db.Table("events")
 		b.startRelay(t, &producer.RelayConfig{Lease: 300 * time.Millisecond, PublishTimeout: 200 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 			MinBackoff: 60 * time.Millisecond, MaxBackoff: 60 * time.Millisecond})
 		b.waitDelivered(t, 30*time.Second)
-		var marks int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT last_value FROM `+b.db.Table("mark_attempts")).Scan(&marks))
-		require.Equal(t, 5, marks, "four failed marks, then one that held")
+		require.Equal(t, int64(5), marks(), "four failed marks, then one that held")
 		// A batch whose outcome could not be recorded stayed leased and was
 		// published again after the lease: duplicates, in order, nothing
 		// lost.
@@ -359,26 +348,13 @@ CREATE TRIGGER fail_marks AFTER UPDATE OF published_at ON `+b.db.Table("events")
 		// failure fails too, for longer than the relay retries: the row is
 		// left leased with no attempt counted.
 		b.broker.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: poisonTopic, Err: kerr.MessageTooLarge})
-		_, err := b.db.Pool.Exec(ctx, `
-CREATE SEQUENCE `+b.db.Table("failure_records")+`;
-CREATE FUNCTION `+b.db.Table("fail_records")+`() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF nextval('`+b.db.Table("failure_records")+`') <= 100 THEN RAISE EXCEPTION 'injected failure'; END IF;
-    RETURN NULL;
-END $$;
-CREATE TRIGGER fail_records AFTER UPDATE OF attempts ON `+b.db.Table("events")+`
-    FOR EACH STATEMENT EXECUTE FUNCTION `+b.db.Table("fail_records")+`();`)
-		require.NoError(t, err)
+		records := b.failUpdates(t, "attempts", 100)
 		b.startRelay(t, &producer.RelayConfig{Lease: 300 * time.Millisecond, PublishTimeout: 200 * time.Millisecond, PollInterval: 20 * time.Millisecond,
 			MinBackoff: 60 * time.Millisecond, MaxBackoff: 60 * time.Millisecond})
 		first := b.event("k")
 		first.Topic = poisonTopic
 		b.write(t, first)
-		waitFor(t, 30*time.Second, "recording the failure to fail", func() bool {
-			var n int64
-			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM `+b.db.Table("failure_records")).Scan(&n))
-			return n >= 1
-		})
+		waitFor(t, 30*time.Second, "recording the failure to fail", func() bool { return records() >= 1 })
 		// seq 2 commits while seq 1 is leased but unacknowledged.
 		b.write(t, b.event("k"))
 		b.waitDelivered(t, 30*time.Second)
