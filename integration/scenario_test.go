@@ -432,7 +432,8 @@ func (s *scenario) check() history.Report {
 // application_name, so that a test can terminate exactly its sessions.
 type relay struct {
 	t      *testing.T
-	app    string
+	name   string // as given to startRelay
+	app    string // application_name of its sessions
 	cancel context.CancelFunc
 	done   chan error
 	pool   *pgxpool.Pool
@@ -479,7 +480,7 @@ func (s *scenario) startRelay(name string, cfg producer.RelayConfig, tracer pgx.
 	rl, err := producer.NewRelay(pool, client, &cfg)
 	require.NoError(s.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &relay{t: s.t, app: app, cancel: cancel, done: make(chan error, 1), pool: pool, client: client}
+	r := &relay{t: s.t, name: name, app: app, cancel: cancel, done: make(chan error, 1), pool: pool, client: client}
 	go func() { r.done <- rl.Run(ctx) }()
 	s.t.Cleanup(r.stop)
 	return r
