@@ -134,7 +134,7 @@ func (s *scenario) startWriters(load writeLoad) (stop func()) {
 				for i := range events {
 					events[i] = s.event(fmt.Sprintf("agg-%03d", rng.IntN(load.Aggregates)))
 				}
-				if !s.attempt(events, rng.Float64() < load.Rollback) {
+				if _, ok := s.attempt(events, rng.Float64() < load.Rollback); !ok {
 					pause(ctx, 50*time.Millisecond) // the database is away; do not spin
 				}
 				if load.MaxPause > 0 {
@@ -169,29 +169,29 @@ func (s *scenario) event(agg string) producer.Event {
 }
 
 // attempt writes events in one transaction and commits it, or rolls it back
-// when rollback is set, and records the attempt. It reports false when the
-// database failed it. The transaction does not see the writers' stop: a
+// when rollback is set, and records the attempt. It returns the ids of the
+// events committed, and false when the database failed the attempt. The transaction does not see the writers' stop: a
 // commit is never cut short by the scenario itself.
-func (s *scenario) attempt(events []producer.Event, rollback bool) bool {
+func (s *scenario) attempt(events []producer.Event, rollback bool) (committed []string, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	tx, err := s.db.Pool.Begin(ctx)
 	if err != nil {
 		s.failed()
-		return false
+		return nil, false
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	written, err := s.writer.Write(ctx, tx, events...)
 	if err != nil {
 		s.failed() // nothing was written: Write returned no ids to record
-		return false
+		return nil, false
 	}
 	if rollback {
 		_ = tx.Rollback(ctx) // a failed rollback leaves nothing committed either
 		for i, w := range written {
 			s.rec.Write(history.Write{EventID: w.EventID, Aggregate: aggregateOf(events[i]), Seq: w.Seq, Committed: false})
 		}
-		return true
+		return nil, true
 	}
 	err = tx.Commit(ctx)
 	now := time.Now()
@@ -205,12 +205,13 @@ func (s *scenario) attempt(events []producer.Event, rollback bool) bool {
 		}
 		s.committed[w.EventID] = now
 		s.rec.Write(h)
+		committed = append(committed, w.EventID)
 	}
 	if err != nil {
 		s.writeErrors++
-		return false
+		return nil, false
 	}
-	return true
+	return committed, true
 }
 
 func (s *scenario) failed() {
@@ -537,7 +538,8 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 	}
 }
 
-// waitClosed waits for ch to close, or fails after within.
+// waitClosed waits for ch to close (or to deliver a value), or fails after
+// within.
 func waitClosed(t *testing.T, ch <-chan struct{}, within time.Duration, what string) {
 	t.Helper()
 	select {
