@@ -440,7 +440,13 @@ type relay struct {
 	pool   *pgxpool.Pool
 	client *kgo.Client
 	once   sync.Once
+	// closeOnce guards client.Close, which closeClient may call early.
+	closeOnce sync.Once
 }
+
+// closeClient closes the relay's Kafka client, failing the records it has
+// buffered with kgo.ErrClientClosed.
+func (r *relay) closeClient() { r.closeOnce.Do(r.client.Close) }
 
 // scenarioRelayConfig is quick to notice everything, with a short lease so
 // that a crashed relay's events are taken over within seconds.
@@ -499,7 +505,7 @@ func (r *relay) stop() {
 			r.t.Fatalf("relay %s did not return within 60s of cancellation", r.app)
 		}
 		r.pool.Close()
-		r.client.Close()
+		r.closeClient()
 	})
 }
 
