@@ -74,7 +74,7 @@ func TestScenarioBrokerRestart(t *testing.T) {
 			}
 		}
 		b.restartWith(t, down, during)
-		t.Logf("restart %d of %d (kfake kept down for %s); relay a shut down during the first", i+1, restarts, down)
+		t.Logf("restart %d of %d done (kfake: kept down for at least %s); relay a shut down during the first", i+1, restarts, down)
 		if i == 0 {
 			s.startRelay("c", cfg, nil)
 		}
