@@ -189,7 +189,7 @@ func crashCase(t *testing.T, point crashPoint, kill bool) {
 		hook = newPointHook(point, skip)
 		a = s.startRelay("a", cfg, hook)
 	}
-	t.Cleanup(hook.release) // never leave a goroutine parked, whatever fails
+	t.Cleanup(hook.release) // after the relay's stop, so it runs first: never leave a relay parked
 	waitClosed(t, hook.fired, 60*time.Second, "relay a to reach "+string(point))
 
 	// early wakes the zombie before the successor starts, late once the

@@ -106,8 +106,8 @@ func TestKnownBugFailedPublishThenFailedSettleReorders(t *testing.T) {
 	}
 	var releaseOnce sync.Once
 	release := func() { releaseOnce.Do(func() { close(brk.release) }) }
-	t.Cleanup(release)
 	s.startRelay("a", scenarioRelayConfig(), brk)
+	t.Cleanup(release) // registered after the relay's stop, so it runs before it
 
 	waitClosed(t, brk.claimed, 30*time.Second, "the first claim")
 	_, ok = s.attempt([]producer.Event{s.event("x")}, false) // seq 2, committed after seq 1 was claimed
