@@ -60,18 +60,42 @@ func restartableBroker(t *testing.T) *restartable {
 
 // restart stops the cluster and starts it again on the same data and
 // addresses. It returns when the cluster accepts connections again.
-func (r *restartable) restart(t *testing.T) {
+func (r *restartable) restart(t *testing.T) { r.restartWith(t, 0, nil) }
+
+// restartWith is restart that keeps kfake down for at least down and calls
+// during, when not nil, while the cluster is down: for kfake between the
+// stop and the start; for the real broker a second into the restart
+// command, which stops the broker within half a second and takes seconds to
+// start it again.
+func (r *restartable) restartWith(t *testing.T, down time.Duration, during func()) {
 	t.Helper()
 	start := time.Now()
 	if r.Fake == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, "bash", "-c", r.cmd).CombinedOutput()
-		require.NoError(t, err, "%s: %s", r.cmd, out)
+		type result struct {
+			out []byte
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			out, err := exec.CommandContext(ctx, "bash", "-c", r.cmd).CombinedOutput()
+			done <- result{out, err}
+		}()
+		if during != nil {
+			time.Sleep(time.Second) // into the outage, not a wait for a condition
+			during()
+		}
+		res := <-done
+		require.NoError(t, res.err, "%s: %s", r.cmd, res.out)
 		t.Logf("Kafka restarted with %q in %s", r.cmd, time.Since(start).Round(time.Millisecond))
 		return
 	}
 	r.Fake.Close() // persists the cluster's state to r.dir
+	if during != nil {
+		during()
+	}
+	time.Sleep(max(0, down-time.Since(start))) // an outage, not a wait for a condition
 	c, err := kfake.NewCluster(kfake.NumBrokers(len(r.ports)), kfake.DataDir(r.dir), kfake.Ports(r.ports...))
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
