@@ -160,10 +160,10 @@ type failure struct {
 // settle records a published batch's outcome; see settleOnce. A failure is
 // retried for up to half the lease: after that the rows' lease is what
 // keeps their aggregates on hold until they are claimed again, in order.
-func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []outcome) error {
+func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []outcome, lease time.Time) error {
 	deadline := time.Now().Add(r.cfg.Lease / 2)
 	for attempt := 1; ; attempt++ {
-		err := r.settleOnce(ctx, batch, results, attempt == 1)
+		err := r.settleOnce(ctx, batch, results, lease, attempt == 1)
 		if err == nil {
 			return nil
 		}
@@ -185,7 +185,7 @@ func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []out
 // poison event must not count against healthy aggregates that share its
 // partition. Rows whose permanent failures reached MaxAttempts move to the
 // dead events.
-func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results []outcome, logFailures bool) error {
+func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results []outcome, lease time.Time, logFailures bool) error {
 	var delivered, released []int64
 	var failed []failure
 	blocked := map[[2]string]bool{}
@@ -217,7 +217,6 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 			}
 		}
 	}
-	lease := batch[0].leasedUntil
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
 	defer cancel()
 	tx, err := r.pool.Begin(ctx)

@@ -50,8 +50,9 @@ type RelayConfig struct {
 	Lease time.Duration
 	// PublishTimeout bounds the wait for one batch's acknowledgements.
 	// Records the client has not sent yet fail at the timeout; records
-	// already in flight are waited for, since the client cannot know
-	// whether they landed. Default 10s.
+	// already in flight are waited for, however long it takes, since the
+	// client cannot know whether they landed; the batch's lease is renewed
+	// meanwhile. Default 10s.
 	PublishTimeout time.Duration
 	// MaxAttempts is how many permanent broker errors (record too large,
 	// invalid topic, not authorised) an event may collect before it moves
@@ -336,8 +337,10 @@ func (r *Relay) cycle(ctx context.Context, owner *bucketOwner) (int, error) {
 		return 0, err
 	}
 	finish := context.WithoutCancel(ctx)
-	results := r.publish(finish, batch)
-	if err := r.settle(finish, batch, results); err != nil {
+	published := make(chan []outcome, 1)
+	go func() { published <- r.publish(finish, batch) }()
+	results, lease := r.awaitPublish(finish, batch, published)
+	if err := r.settle(finish, batch, results, lease); err != nil {
 		// The rows keep their lease, which holds back their aggregates'
 		// later events; when it ends they are claimed again, in order, and
 		// the acknowledged ones published a second time, which
@@ -345,6 +348,41 @@ func (r *Relay) cycle(ctx context.Context, owner *bucketOwner) (int, error) {
 		r.logError(ctx, "relay: gave up recording a batch's outcome; its rows will be retried when their lease ends", err)
 	}
 	return len(batch), nil
+}
+
+// awaitPublish waits for the batch's outcome, renewing the batch's lease
+// every third of a lease meanwhile: the client does not give up on a record
+// that may have reached the broker, so a publish can last longer than
+// PublishTimeout, and its rows must stay reserved until it ends. It returns
+// the outcome and the lease the rows now carry.
+func (r *Relay) awaitPublish(ctx context.Context, batch []*claimedEvent, published <-chan []outcome) ([]outcome, time.Time) {
+	lease := batch[0].leasedUntil
+	tick := time.NewTicker(r.cfg.Lease / 3)
+	defer tick.Stop()
+	var ids []int64
+	for {
+		select {
+		case results := <-published:
+			return results, lease
+		case <-tick.C:
+			if ids == nil {
+				ids = make([]int64, len(batch))
+				for i, e := range batch {
+					ids[i] = e.id
+				}
+			}
+			var renewed *time.Time
+			err := r.pool.QueryRow(ctx, r.sql.renewLease, ids, lease, r.cfg.Lease.Milliseconds()).Scan(&renewed)
+			switch {
+			case err != nil:
+				r.logError(ctx, "relay: renew the lease of a batch still being published", err)
+			case renewed != nil:
+				lease = *renewed
+				r.log.WarnContext(ctx, "relay: the broker has not answered for a batch yet; renewed its lease",
+					slog.Int("events", len(batch)), slog.Time("leased_until", lease))
+			}
+		}
+	}
 }
 
 func (r *Relay) logError(ctx context.Context, msg string, err error) {

@@ -2,8 +2,8 @@ package producer
 
 // relaySQL holds the relay's statements with the schema filled in.
 type relaySQL struct {
-	claim, heartbeat, leasedBuckets, setIdle, leave  string
-	markDelivered, release, recordFailures, moveDead string
+	claim, heartbeat, leasedBuckets, setIdle, leave              string
+	markDelivered, release, recordFailures, moveDead, renewLease string
 }
 
 func newRelaySQL(schema string) relaySQL {
@@ -17,6 +17,7 @@ func newRelaySQL(schema string) relaySQL {
 		release:        qualify(`UPDATE {schema}.events SET leased_until = NULL WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND leased_until = $2`, schema),
 		recordFailures: qualify(recordFailuresSQL, schema),
 		moveDead:       qualify(moveDeadSQL, schema),
+		renewLease:     qualify(renewLeaseSQL, schema),
 	}
 }
 
@@ -144,3 +145,13 @@ ON CONFLICT (id) DO UPDATE SET
     attempts = excluded.attempts, last_error = excluded.last_error, hold = excluded.hold,
     status = 'dead', died_at = now(), resolved_at = NULL
 RETURNING id, aggregate_type, aggregate_id, aggregate_seq, last_error`
+
+// renewLeaseSQL extends the lease of a batch's rows that still carry its
+// lease, and returns the new lease (NULL when none did).
+const renewLeaseSQL = `
+WITH renewed AS (
+    UPDATE {schema}.events SET leased_until = now() + $3 * interval '1 millisecond'
+    WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND leased_until = $2
+    RETURNING leased_until
+)
+SELECT max(leased_until) FROM renewed`

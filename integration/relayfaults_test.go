@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,18 +17,6 @@ import (
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/producer"
 )
-
-// knownBugsEnv runs the tests of producer bugs that are not fixed yet. They
-// fail until the fix lands; the suite skips them so that it stays green
-// meanwhile. Whoever fixes one removes its skip.
-const knownBugsEnv = "OUTBOX_RUN_KNOWN_BUGS"
-
-func skipKnownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv(knownBugsEnv) == "" {
-		t.Skipf("known producer bug, not fixed yet: %s; run with %s=1 to see it fail", what, knownBugsEnv)
-	}
-}
 
 // recordFailuresMarker identifies the relay's failure-recording statement
 // (producer/relaysql.go recordFailuresSQL).
@@ -71,26 +58,22 @@ func (b *settleBreaker) TraceBatchStart(ctx context.Context, conn *pgx.Conn, dat
 func (b *settleBreaker) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (b *settleBreaker) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// TestKnownBugFailedPublishThenFailedSettleReorders shows the relay putting
-// seq 2 of an aggregate on the wire before seq 1.
+// TestScenarioFailedPublishThenFailedSettleKeepsOrder checks that seq 2 of
+// an aggregate never goes on the wire before seq 1 when recording seq 1's
+// failure fails too.
 //
-// Walkthrough:
+// Walkthrough of the hazard:
 //  1. The relay claims [seq 1]: the row is leased for Lease.
 //  2. Seq 2 commits.
 //  3. The publish of seq 1 fails (a permanent broker error here; any
 //     error the client gives up on will do).
 //  4. settle's transaction, which would record the failure (attempts + 1)
 //     and clear the lease, fails: the database connection drops.
-//  5. The next claim skips seq 1, which is still leased, and takes seq 2.
-//     Its anti-join only holds back rows behind an earlier row with
-//     attempts > 0, and seq 1 still has attempts = 0, so nothing stops seq
-//  2. Seq 2 is published and acknowledged.
-//  6. When the lease ends, seq 1 is published: after seq 2.
-//
-// The same holds for a batch whose held-back rows (errHeldBack, an
-// aggregate changing topic) cannot be released because settle failed.
-func TestKnownBugFailedPublishThenFailedSettleReorders(t *testing.T) {
-	skipKnownBug(t, "a failed publish followed by a failed settle lets the next claim publish seq n+1 before seq n")
+//  5. The next claim must not take seq 2 while seq 1 is leased and
+//     unacknowledged, although seq 1 still has attempts = 0: the claim
+//     holds back rows behind a leased earlier row of their aggregate.
+//  6. When the lease ends, seq 1 goes out, then seq 2.
+func TestScenarioFailedPublishThenFailedSettleKeepsOrder(t *testing.T) {
 	t.Parallel()
 	rng := scenarioRand(t)
 	s := newScenario(t, rng, kafkatest.NewFake(t), 1)
@@ -119,27 +102,20 @@ func TestKnownBugFailedPublishThenFailedSettleReorders(t *testing.T) {
 	s.check()
 }
 
-// TestKnownBugPublishOutlivesLease shows a relay still waiting on a batch
-// after the batch's lease has ended, although RelayConfig says Lease must
-// exceed PublishTimeout "or another instance could take over events still
-// being published", and that records not yet sent fail at PublishTimeout.
+// TestScenarioPublishOutlivingLeaseKeepsItsRows checks that a batch whose
+// publish waits on an unreachable broker keeps its rows reserved.
 //
-// With the broker unreachable, the client neither delivers nor fails the
-// records (franz-go fails buffered records on a cancelled context only when
-// it is safe to, and retries without a bound by default), so Relay.publish
-// waits in wg.Wait past PublishTimeout and past the lease. The relay keeps
-// its bucket locks meanwhile, so the risk is a takeover after its session
-// dies: a successor's fence ends with the lease, and both publish the same
-// rows at once. Order survives (each publishes a contiguous run from the
-// lowest unmarked event), but the documented bound does not.
+// The client neither delivers nor fails records that may have reached the
+// broker (franz-go fails buffered records on a cancelled context only when
+// it is safe to, and retries without a bound by default), so a publish can
+// last longer than PublishTimeout and than the lease. Were the lease to run
+// out meanwhile, a successor taking over the buckets after the relay's
+// session died would publish the same rows at once. The relay renews the
+// batch's lease while it waits.
 //
 // The check: while the broker is down, no row may sit undelivered, without
-// a recorded failure, with its lease over. Either fix passes it: renew the
-// leases of a batch while its publish waits, or make the wait end at
-// PublishTimeout (kgo.RecordDeliveryTimeout does not: it too fails records
-// only when safe) and record the rows as failed.
-func TestKnownBugPublishOutlivesLease(t *testing.T) {
-	skipKnownBug(t, "a publish to an unreachable broker outlives PublishTimeout and the lease")
+// a recorded failure, with its lease over.
+func TestScenarioPublishOutlivingLeaseKeepsItsRows(t *testing.T) {
 	rng := scenarioRand(t)
 	b := restartableBroker(t)
 	if b.Fake == nil {
