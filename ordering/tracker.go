@@ -186,7 +186,7 @@ func New(consumer string, cfg *Config) (*Tracker, error) {
 )
 SELECT parked FROM up UNION ALL SELECT parked FROM ins`,
 		// FOR UPDATE: the verdict holds until this transaction ends.
-		lock:   `SELECT last_seq, parked FROM ` + pos + ` WHERE ` + key + ` FOR UPDATE`,
+		lock: `SELECT last_seq, parked FROM ` + pos + ` WHERE ` + key + ` FOR UPDATE`,
 		// Served by the partial index dead_letters_open.
 		held: `SELECT EXISTS (SELECT 1 FROM ` + dl + ` WHERE ` + key + ` AND status = 'dead' AND aggregate_seq > $4 AND aggregate_seq < $5)`,
 		park: `INSERT INTO ` + parked + ` (consumer, aggregate_type, aggregate_id, seq, topic, kafka_partition, kafka_offset,
