@@ -314,7 +314,7 @@ func deref(s *string) string {
 	return *s
 }
 
-// aggField keeps an empty aggregate type or id of a sequenced record as ''
+// aggField keeps an empty aggregate type or id of a sequenced record as ”
 // (not NULL), so that ordering's lookups by aggregate find it.
 func aggField(s string, seq int64) *string {
 	if seq > 0 {
