@@ -47,6 +47,7 @@ type Store struct {
 	claimSQL  string
 	claimMany string
 	pruneSQL  string
+	release   string
 }
 
 // New returns the store of the named consumer. Consumers with different
@@ -85,6 +86,7 @@ func New(consumer string, cfg *Config) (*Store, error) {
 		// loser waits for the winner's transaction and then inserts nothing.
 		claimSQL:  `INSERT INTO ` + table + ` (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
 		claimMany: `INSERT INTO ` + table + ` (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k ON CONFLICT DO NOTHING RETURNING key`,
+		release:   `DELETE FROM ` + table + ` WHERE consumer = $1 AND key = $2`,
 		// ctid batches keep each DELETE bounded; the BRIN index on
 		// processed_at finds the old block ranges.
 		pruneSQL: `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY(
@@ -142,6 +144,16 @@ func (s *Store) ClaimMany(ctx context.Context, tx Querier, keys []string) ([]boo
 		}
 	}
 	return out, nil
+}
+
+// Release removes the claim of key inside tx, so that the key can be
+// claimed again: for a record that was taken into custody (parked) and then
+// given up on, so that a later replay is not mistaken for a duplicate.
+func (s *Store) Release(ctx context.Context, tx Querier, key string) error {
+	if _, err := tx.Exec(ctx, s.release, s.consumer, key); err != nil {
+		return fmt.Errorf("dedupe: release key: %w", err)
+	}
+	return nil
 }
 
 // Prune deletes this consumer's keys claimed longer ago than the retention

@@ -1,0 +1,521 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/dedupe"
+	"github.com/d419a114/outbox/ordering"
+)
+
+// Handler applies one message's effect inside tx. It must do all its
+// database work in tx: the claim of the message's key, the move of its
+// aggregate's position and the effect commit or roll back together.
+// Returning an error rolls tx back; the message is retried, or
+// dead-lettered at once when the error is Permanent. Work outside the
+// database (an email, an HTTP call) is not undone by a rollback and may
+// happen more than once.
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, m *Message) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, m *Message) error { return f(ctx, tx, m) }
+
+// Beginner starts a transaction. *pgxpool.Pool satisfies it. Use the
+// primary: dedupe, positions and dead letters must never be read from a
+// replica.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config tunes a Processor and a Consumer. The zero value is valid.
+type Config struct {
+	// Schema holds the consumer's tables. Default outbox.DefaultSchema.
+	Schema string
+	// MaxAttempts is how often a record is tried in-process before it is
+	// dead-lettered. Default 5.
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the exponential wait between tries,
+	// which is jittered. Default 50ms and 5s.
+	MinBackoff, MaxBackoff time.Duration
+	// KeyFunc extracts the idempotency key of a record that has none of the
+	// outbox-idempotency-key, outbox-event-id and Debezium id headers
+	// (tried in that order). A record without a key is dead-lettered with
+	// ErrNoKey. Default nil.
+	KeyFunc func(*kgo.Record) (string, error)
+	// GapPolicy says what happens to a record that arrives ahead of a gap
+	// in its aggregate's sequence. Default ordering.GapPark.
+	GapPolicy ordering.GapPolicy
+	// FirstSeen says how an aggregate's first record is treated when its
+	// sequence is above 1. Default ordering.FirstSeenBaseline; see package
+	// ordering for why.
+	FirstSeen ordering.FirstSeenPolicy
+	// MaxValueBytes dead-letters records with larger values before the
+	// handler sees them. Default 16 MiB; negative means no limit.
+	MaxValueBytes int
+	// KeyRetention is how long processed keys are kept; the Consumer prunes
+	// older ones and warns at start when the subscribed topics keep records
+	// longer, or when ReplayWindow is longer. Default 7 days.
+	KeyRetention time.Duration
+	// ReplayWindow is how long after a failure operators may replay a dead
+	// letter; only checked against KeyRetention. Default 0 (not checked).
+	ReplayWindow time.Duration
+	// BatchSize is how many consecutive records of a partition the Consumer
+	// applies in one transaction. Default 1. See ProcessBatch.
+	BatchSize int
+	// MaxPollRecords bounds the records one poll hands to the Consumer.
+	// Default 1000.
+	MaxPollRecords int
+	// PruneInterval is how often the Consumer prunes expired keys. Default
+	// 1h; negative disables pruning.
+	PruneInterval time.Duration
+	// Logger receives the runtime's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = outbox.DefaultSchema
+	}
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = 5
+	}
+	if out.MinBackoff == 0 {
+		out.MinBackoff = 50 * time.Millisecond
+	}
+	if out.MaxBackoff == 0 {
+		out.MaxBackoff = 5 * time.Second
+	}
+	if out.MaxValueBytes == 0 {
+		out.MaxValueBytes = 16 << 20
+	}
+	if out.KeyRetention == 0 {
+		out.KeyRetention = dedupe.DefaultRetention
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 1
+	}
+	if out.MaxPollRecords == 0 {
+		out.MaxPollRecords = 1000
+	}
+	if out.PruneInterval == 0 {
+		out.PruneInterval = time.Hour
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	switch {
+	case out.MaxAttempts < 1:
+		return out, fmt.Errorf("consumer: MaxAttempts %d is below 1", out.MaxAttempts)
+	case out.MinBackoff < 0 || out.MaxBackoff < out.MinBackoff:
+		return out, fmt.Errorf("consumer: backoff bounds %s..%s are not a range", out.MinBackoff, out.MaxBackoff)
+	case out.KeyRetention < 0:
+		return out, fmt.Errorf("consumer: negative KeyRetention %s", out.KeyRetention)
+	case out.ReplayWindow < 0:
+		return out, fmt.Errorf("consumer: negative ReplayWindow %s", out.ReplayWindow)
+	case out.BatchSize < 1:
+		return out, fmt.Errorf("consumer: BatchSize %d is below 1", out.BatchSize)
+	case out.MaxPollRecords < 1:
+		return out, fmt.Errorf("consumer: MaxPollRecords %d is below 1", out.MaxPollRecords)
+	}
+	return out, nil
+}
+
+// Outcome is what processing did with a record.
+type Outcome int
+
+const (
+	// Applied: the handler ran and its transaction committed (with any
+	// parked successors it released).
+	Applied Outcome = iota + 1
+	// Duplicate: the key was claimed before, or the sequence applied
+	// before; the handler did not run.
+	Duplicate
+	// Parked: the record waits behind a gap in its aggregate's sequence or
+	// behind a dead letter of its aggregate.
+	Parked
+	// DeadLettered: the record is in the dead-letter table.
+	DeadLettered
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Parked:
+		return "parked"
+	case DeadLettered:
+		return "dead_lettered"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Result is the outcome of processing one record.
+type Result struct {
+	Outcome Outcome
+	// Drained counts parked successors applied in the same transaction.
+	Drained int
+	// Attempts counts the handler runs.
+	Attempts int
+	// DeadLetterID is set for DeadLettered; Err is why.
+	DeadLetterID int64
+	Err          error
+}
+
+// Processor applies records through a handler with dedupe, ordering and
+// dead-lettering in the handler's transaction. It is safe for concurrent
+// use, but records of one partition must be given to it one after another,
+// in offset order, for ordering's parking to mean anything.
+type Processor struct {
+	db       Beginner
+	h        Handler
+	cfg      Config
+	name     string
+	dedupe   *dedupe.Store
+	ordering *ordering.Tracker
+	dead     *deadletter.Store
+	log      *slog.Logger
+}
+
+// Handle returns a Processor that applies records for the consumer name
+// through h, each in a transaction begun on db. Use it inside a poll loop
+// you already have: call Process (or ProcessBatch) for each record, and
+// mark its offset for commit only when it returns no error. name scopes the
+// processed keys, positions and dead letters: give each consuming service
+// its own.
+func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error) {
+	if db == nil || h == nil {
+		return nil, errors.New("consumer: Handle needs a database and a handler")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	d, err := dedupe.New(name, &dedupe.Config{Schema: c.Schema, Retention: c.KeyRetention})
+	if err != nil {
+		return nil, err
+	}
+	o, err := ordering.New(name, &ordering.Config{Schema: c.Schema, GapPolicy: c.GapPolicy, FirstSeen: c.FirstSeen})
+	if err != nil {
+		return nil, err
+	}
+	return &Processor{
+		db: db, h: h, cfg: c, name: name, dedupe: d, ordering: o,
+		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
+		log:  c.Logger.With(slog.String("consumer", name)),
+	}, nil
+}
+
+// Name returns the consumer name.
+func (p *Processor) Name() string { return p.name }
+
+// Dedupe returns the processed-keys store, for pruning.
+func (p *Processor) Dedupe() *dedupe.Store { return p.dedupe }
+
+// Ordering returns the position tracker, for the operator's view of gaps.
+func (p *Processor) Ordering() *ordering.Tracker { return p.ordering }
+
+// DeadLetters returns the dead-letter store, for listing.
+func (p *Processor) DeadLetters() *deadletter.Store { return p.dead }
+
+// Process applies rec in its own transaction and returns what happened. A
+// nil error means the record is done with (applied, duplicate, parked or
+// dead-lettered) and its offset may be committed. A non-nil error means it
+// is not: the database failed, ctx ended, or under ordering.GapFail the
+// record waits for a gap (*ordering.GapError); process it again later.
+//
+// Handler errors are retried with backoff up to Config.MaxAttempts (once
+// for a Permanent error); then the record is written to the dead-letter
+// table in a transaction of its own, and its aggregate's later records are
+// parked behind it.
+func (p *Processor) Process(ctx context.Context, rec *kgo.Record) (Result, error) {
+	m, err := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+	if err != nil {
+		return p.deadLetter(ctx, m, err, 0)
+	}
+	return p.process(ctx, m)
+}
+
+func (p *Processor) process(ctx context.Context, m *Message) (Result, error) {
+	return p.processAfter(ctx, m, nil)
+}
+
+// processAfter is process for a record whose handler already ran once and
+// failed with prior (in a batch that was rolled back), so that batch mode
+// tries each record as often as single mode does; prior nil means a fresh
+// record.
+func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (Result, error) {
+	handlerRuns, attempt, err := 0, 0, prior
+	if prior != nil {
+		handlerRuns, attempt = 1, 1
+	}
+	for {
+		if err != nil {
+			if ctx.Err() != nil {
+				return Result{}, ctx.Err()
+			}
+			var gap *ordering.GapError
+			if errors.As(err, &gap) {
+				return Result{}, err
+			}
+			var ie *infraError
+			isInfra := errors.As(err, &ie)
+			if attempt >= p.cfg.MaxAttempts || (!isInfra && IsPermanent(err)) {
+				if isInfra {
+					return Result{}, err
+				}
+				return p.deadLetter(ctx, m, err, handlerRuns)
+			}
+			p.log.WarnContext(ctx, "consumer: record failed, will retry",
+				slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
+				slog.Int("attempt", attempt), slog.String("error", err.Error()))
+			if err := sleep(ctx, p.backoff(attempt)); err != nil {
+				return Result{}, err
+			}
+		}
+		attempt++
+		m.Attempt = attempt
+		var (
+			res Result
+			ran bool
+		)
+		res, ran, err = p.attemptOnce(ctx, m)
+		if ran {
+			handlerRuns++
+		}
+		if err == nil {
+			res.Attempts = handlerRuns
+			return res, nil
+		}
+	}
+}
+
+// attemptOnce runs one transaction for m. ran says whether the handler ran.
+func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, error) {
+	tx, err := p.db.Begin(ctx)
+	if err != nil {
+		return Result{}, false, infra(fmt.Errorf("consumer: begin: %w", err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	res, ran, err := p.apply(ctx, tx, m, true)
+	if err != nil {
+		return Result{}, ran, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// A commit can fail because of the handler's deferred constraints
+		// or because the connection broke; either way the record is tried
+		// again and dedupe sorts out a commit that did land.
+		return Result{}, ran, fmt.Errorf("consumer: commit: %w", err)
+	}
+	return res, ran, nil
+}
+
+// apply does the work of one record inside tx: claim, order, handle,
+// drain. It does not commit.
+func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool) (Result, bool, error) {
+	if claim {
+		fresh, err := p.dedupe.Claim(ctx, tx, m.IdempotencyKey)
+		if err != nil {
+			return Result{}, false, infra(err)
+		}
+		if !fresh {
+			return Result{Outcome: Duplicate}, false, nil
+		}
+	}
+	if !m.HasSeq() {
+		return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
+	}
+	agg := m.aggregate()
+	c, err := p.ordering.Check(ctx, tx, agg, m.Seq)
+	if err != nil {
+		return Result{}, false, infra(err)
+	}
+	switch c.Verdict {
+	case ordering.Duplicate:
+		if p.cfg.GapPolicy != ordering.GapIgnore {
+			return Result{Outcome: Duplicate}, false, nil
+		}
+		// Ignore: a late record is applied; dedupe vouched for it.
+		return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
+	case ordering.Gap:
+		if c.Held || p.cfg.GapPolicy == ordering.GapPark {
+			ok, err := p.ordering.Park(ctx, tx, agg, m.Seq, m.Record, m.IdempotencyKey)
+			if err != nil {
+				return Result{}, false, infra(err)
+			}
+			if !ok {
+				return Result{Outcome: Duplicate}, false, nil
+			}
+			p.log.InfoContext(ctx, "consumer: record parked behind a gap", slog.String("aggregate", agg.String()),
+				slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1), slog.Bool("held_by_dead_letter", c.Held))
+			return Result{Outcome: Parked}, false, nil
+		}
+		if p.cfg.GapPolicy == ordering.GapFail {
+			return Result{}, false, &ordering.GapError{Aggregate: agg, Want: c.Last + 1, Got: m.Seq}
+		}
+		p.log.WarnContext(ctx, "consumer: gap ignored", slog.String("aggregate", agg.String()),
+			slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1))
+		if err := p.call(ctx, tx, m); err != nil {
+			return Result{}, true, err
+		}
+		if _, _, err := p.ordering.SkipTo(ctx, tx, agg, m.Seq); err != nil {
+			return Result{}, true, infra(err)
+		}
+		return Result{Outcome: Applied}, true, nil
+	}
+	if err := p.call(ctx, tx, m); err != nil {
+		return Result{}, true, err
+	}
+	res := Result{Outcome: Applied}
+	if c.Parked > 0 {
+		n, err := p.drain(ctx, tx, agg)
+		if err != nil {
+			return Result{}, true, err
+		}
+		res.Drained = n
+	}
+	return res, true, nil
+}
+
+// drain applies agg's parked records that are now in line, each in a
+// savepoint with its own retries, so that a failing successor is
+// dead-lettered alone (in tx) and holds the rest, instead of undoing the
+// record that released it. Draining is rare; the savepoints cost nothing on
+// the hot path.
+func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate) (int, error) {
+	return p.ordering.Drain(ctx, tx, agg, func(ctx context.Context, pk *ordering.Parked) error {
+		m, perr := parse(pk.Record, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+		m.IdempotencyKey = pk.IdempotencyKey
+		m.Seq, m.AggregateType, m.AggregateID = pk.Seq, agg.Type, agg.ID
+		herr := perr
+		runs := 0
+		for attempt := 1; herr == nil; attempt++ {
+			m.Attempt = attempt
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return infra(fmt.Errorf("consumer: open savepoint: %w", err))
+			}
+			runs++
+			if herr = p.call(ctx, sp, m); herr == nil {
+				if err := sp.Commit(ctx); err != nil {
+					return infra(fmt.Errorf("consumer: release savepoint: %w", err))
+				}
+				return nil
+			}
+			if err := sp.Rollback(ctx); err != nil {
+				return infra(fmt.Errorf("consumer: roll back to savepoint: %w", err))
+			}
+			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
+				break
+			}
+			if err := sleep(ctx, p.backoff(attempt)); err != nil {
+				return err
+			}
+			herr = nil
+		}
+		// Give up on it inside tx: out of parked, into dead letters, and its
+		// key released so that a replay can claim it.
+		id, err := p.dead.Put(ctx, tx, p.letter(m, herr, runs))
+		if err != nil {
+			return infra(err)
+		}
+		if m.IdempotencyKey != "" {
+			if err := p.dedupe.Release(ctx, tx, m.IdempotencyKey); err != nil {
+				return infra(err)
+			}
+		}
+		p.log.ErrorContext(ctx, "consumer: parked record dead-lettered", slog.String("aggregate", agg.String()),
+			slog.Int64("seq", m.Seq), slog.Int64("dead_letter_id", id), slog.String("error", herr.Error()))
+		return ordering.ErrStopDrain
+	})
+}
+
+// call runs the handler, turning a panic into a *PanicError.
+func (p *Processor) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return p.h.Handle(ctx, tx, m)
+}
+
+func (p *Processor) letter(m *Message, err error, attempts int) *deadletter.Letter {
+	l := &deadletter.Letter{
+		Consumer: p.name, Record: m.Record, IdempotencyKey: m.IdempotencyKey,
+		AggregateType: m.AggregateType, AggregateID: m.AggregateID, Seq: m.Seq,
+		Error: err.Error(), Attempts: attempts,
+	}
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		l.Stack = string(pe.Stack)
+	}
+	return l
+}
+
+// deadLetter writes m to the dead-letter table in its own transaction and,
+// when m is sequenced, holds its aggregate so that later records park
+// behind it.
+func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, attempts int) (Result, error) {
+	var id int64
+	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
+		var err error
+		if id, err = p.dead.Put(ctx, tx, p.letter(m, cause, attempts)); err != nil {
+			return err
+		}
+		if m.HasSeq() {
+			return p.ordering.Hold(ctx, tx, m.aggregate(), m.Seq)
+		}
+		return nil
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("consumer: dead-letter record %s/%d@%d: %w", m.Topic, m.Partition, m.Offset, err)
+	}
+	p.log.ErrorContext(ctx, "consumer: record dead-lettered",
+		slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
+		slog.Int64("dead_letter_id", id), slog.Int("attempts", attempts), slog.String("error", cause.Error()))
+	return Result{Outcome: DeadLettered, DeadLetterID: id, Attempts: attempts, Err: cause}, nil
+}
+
+func (p *Processor) backoff(attempt int) time.Duration {
+	d := p.cfg.MinBackoff << min(attempt-1, 30)
+	if d > p.cfg.MaxBackoff || d <= 0 {
+		d = p.cfg.MaxBackoff
+	}
+	// Full jitter on the upper half: retries of many partitions spread out.
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
