@@ -27,9 +27,9 @@ func ClientOpts() []kgo.Opt {
 
 // Consumer runs a Processor over a franz-go consumer group: records of a
 // partition strictly in offset order, partitions in parallel (one goroutine
-// per partition with records in the current poll), offsets marked only
-// after the database commit and committed after each poll's records are
-// done, before any rebalance can proceed.
+// per partition with records in the current poll), offsets committed only
+// after the database commit, after each poll's records are done and before
+// any rebalance can proceed.
 //
 // The client must be created with ClientOpts. Because of
 // kgo.BlockRebalanceOnPoll, a partition is handed to another member only
@@ -170,10 +170,10 @@ func (c *Consumer) round(ctx, work context.Context, fetches kgo.Fetches) {
 	if len(marks) == 0 {
 		return
 	}
-	c.client.MarkCommitRecords(marks...)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if err := c.client.CommitMarkedOffsets(cctx); err != nil {
+	// CommitRecords commits each partition's last applied record + 1.
+	if err := c.client.CommitRecords(cctx, marks...); err != nil {
 		// Not fatal: the records are applied and dedupe makes their
 		// redelivery harmless; the next round commits again.
 		c.log.WarnContext(ctx, "consumer: commit offsets failed", slog.String("error", err.Error()))
