@@ -61,7 +61,7 @@ type Config struct {
 	// in its aggregate's sequence. Default ordering.GapPark.
 	GapPolicy ordering.GapPolicy
 	// FirstSeen says how an aggregate's first record is treated when its
-	// sequence is above 1. Default ordering.FirstSeenBaseline; see package
+	// sequence is above 1. Default ordering.FirstSeenStrict; see package
 	// ordering for why.
 	FirstSeen ordering.FirstSeenPolicy
 	// MaxValueBytes dead-letters records with larger values before the

@@ -202,8 +202,8 @@ func TestProcessor(t *testing.T) {
 			t.Run("FailingDrainedRecordIsDeadLetteredAlone", func(t *testing.T) {
 				t.Parallel()
 				p, e, db := setup(t, mode.batch, nil)
-				res := processAll(t, p, mode.batch, rec("mid", 2, "m2"), rec("mid", 3, "m3"))
-				require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied}, outcomes(res), "baseline at 2")
+				res := processAll(t, p, mode.batch, rec("mid", 1, "m1"), rec("mid", 2, "m2"), rec("mid", 3, "m3"))
+				require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied, consumer.Applied}, outcomes(res))
 				res = processAll(t, p, mode.batch, rec("mid", 5, "m5"), rec("mid", 6, "m6"))
 				require.Equal(t, []consumer.Outcome{consumer.Parked, consumer.Parked}, outcomes(res))
 				// The drained record 5 fails, not 4 that releases it: 4 is
@@ -212,7 +212,7 @@ func TestProcessor(t *testing.T) {
 				res = processAll(t, p, mode.batch, rec("mid", 4, "m4"))
 				require.Equal(t, consumer.Applied, res[0].Outcome)
 				require.Zero(t, res[0].Drained)
-				require.Equal(t, []int64{2, 3, 4}, e.seqs(t, "mid"))
+				require.Equal(t, []int64{1, 2, 3, 4}, e.seqs(t, "mid"))
 				letters, err := p.DeadLetters().List(ctx, db.Pool, nil)
 				require.NoError(t, err)
 				require.Len(t, letters, 1)
@@ -221,7 +221,7 @@ func TestProcessor(t *testing.T) {
 				r, err := p.Replay(ctx, letters[0].ID)
 				require.NoError(t, err)
 				require.Equal(t, 1, r.Drained)
-				require.Equal(t, []int64{2, 3, 4, 5, 6}, e.seqs(t, "mid"))
+				require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, e.seqs(t, "mid"))
 			})
 		})
 	}
@@ -250,10 +250,18 @@ func TestProcessor(t *testing.T) {
 
 	t.Run("FirstSeenStrictParksUntilSequenceOne", func(t *testing.T) {
 		t.Parallel()
-		p, e, _ := setup(t, 1, func(c *consumer.Config) { c.FirstSeen = ordering.FirstSeenStrict })
+		p, e, _ := setup(t, 1, nil) // strict is the default
 		res := processAll(t, p, 1, rec("o", 2, "a2"), rec("o", 1, "a1"))
 		require.Equal(t, []consumer.Outcome{consumer.Parked, consumer.Applied}, outcomes(res))
 		require.Equal(t, []int64{1, 2}, e.seqs(t, "o"))
+	})
+
+	t.Run("FirstSeenBaselineStartsWhereTheConsumerJoined", func(t *testing.T) {
+		t.Parallel()
+		p, e, _ := setup(t, 1, func(c *consumer.Config) { c.FirstSeen = ordering.FirstSeenBaseline })
+		res := processAll(t, p, 1, rec("o", 5, "a5"), rec("o", 6, "a6"), rec("o", 4, "a4"))
+		require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied, consumer.Duplicate}, outcomes(res))
+		require.Equal(t, []int64{5, 6}, e.seqs(t, "o"))
 	})
 
 	// Every record is produced once in each mode, with the same disorder,

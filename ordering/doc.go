@@ -25,15 +25,17 @@
 //
 // # First sight of an aggregate
 //
-// An aggregate with no position whose first record has s > 1 is taken as
-// the baseline by default (FirstSeenBaseline): the producer's relay puts an
-// aggregate's events on the wire in sequence order on one partition, so a
-// first sighting above 1 almost always means the consumer started after the
-// earlier events were gone (topic retention, a start at the latest offset),
-// and waiting for them would park the aggregate forever. FirstSeenStrict
-// treats it as a gap from 0 instead; choose it when producers can put an
-// aggregate's events on the wire out of order and the topic is read from its
-// start.
+// An aggregate with no position whose first record has s > 1 is a gap from
+// 0 by default (FirstSeenStrict): the record is parked until 1..s-1 have
+// been applied, and the gap shows in Gaps. The alternative,
+// FirstSeenBaseline, applies it and takes s as the starting point; but then
+// an earlier record that arrives later (a second relay, a retried publish,
+// a producer without ordered delivery) is below the position and skipped as
+// a duplicate: it is lost without a trace. Strict never loses a record; its
+// cost is visible, not silent: a consumer that starts reading a topic after
+// the first events of some aggregates are gone (topic retention, a start at
+// the latest offset) parks those aggregates until an operator resolves
+// their gaps. Such consumers should choose FirstSeenBaseline.
 //
 // Records without a sequence bypass this package altogether.
 package ordering

@@ -44,15 +44,17 @@ func (p GapPolicy) String() string {
 
 // FirstSeenPolicy says how to treat an aggregate's first record when its
 // sequence is above 1. See the package documentation for why the default
-// is FirstSeenBaseline.
+// is FirstSeenStrict.
 type FirstSeenPolicy int
 
 const (
+	// FirstSeenStrict treats the record as a gap after sequence 0: it is
+	// parked until the sequences before it are applied. The default.
+	FirstSeenStrict FirstSeenPolicy = iota
 	// FirstSeenBaseline applies the record and takes its sequence as the
-	// aggregate's starting point. The default.
-	FirstSeenBaseline FirstSeenPolicy = iota
-	// FirstSeenStrict treats the record as a gap after sequence 0.
-	FirstSeenStrict
+	// aggregate's starting point; an earlier record arriving later is then
+	// skipped as a duplicate.
+	FirstSeenBaseline
 )
 
 // Verdict is how a record's sequence relates to its aggregate's position.
@@ -128,7 +130,7 @@ type Config struct {
 	// GapPark.
 	GapPolicy GapPolicy
 	// FirstSeen applies to an aggregate's first record when its sequence is
-	// above 1. Default FirstSeenBaseline.
+	// above 1. Default FirstSeenStrict.
 	FirstSeen FirstSeenPolicy
 }
 
@@ -160,7 +162,7 @@ func New(consumer string, cfg *Config) (*Tracker, error) {
 	if c.GapPolicy < GapPark || c.GapPolicy > GapIgnore {
 		return nil, fmt.Errorf("ordering: unknown gap policy %d", int(c.GapPolicy))
 	}
-	if c.FirstSeen < FirstSeenBaseline || c.FirstSeen > FirstSeenStrict {
+	if c.FirstSeen < FirstSeenStrict || c.FirstSeen > FirstSeenBaseline {
 		return nil, fmt.Errorf("ordering: unknown first-seen policy %d", int(c.FirstSeen))
 	}
 	s := pgx.Identifier{c.Schema}.Sanitize()

@@ -124,7 +124,7 @@ func TestTracker(t *testing.T) {
 
 	t.Run("FirstSeenBaselineAcceptsAnySequence", func(t *testing.T) {
 		t.Parallel()
-		tr, db := setup(t, nil)
+		tr, db := setup(t, &ordering.Config{FirstSeen: ordering.FirstSeenBaseline})
 		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 7).Verdict)
 		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 8).Verdict)
 		require.Equal(t, ordering.Duplicate, check(t, tr, db, agg, 3).Verdict)
@@ -132,7 +132,7 @@ func TestTracker(t *testing.T) {
 
 	t.Run("FirstSeenStrictParksUntilSequenceOne", func(t *testing.T) {
 		t.Parallel()
-		tr, db := setup(t, &ordering.Config{FirstSeen: ordering.FirstSeenStrict})
+		tr, db := setup(t, nil) // strict is the default
 		park(t, tr, db, 2)
 		c := check(t, tr, db, agg, 1)
 		require.Equal(t, ordering.InOrder, c.Verdict)
@@ -244,7 +244,7 @@ func TestTracker(t *testing.T) {
 
 	t.Run("HoldParksSuccessorsOfADeadLetter", func(t *testing.T) {
 		t.Parallel()
-		tr, db := setup(t, &ordering.Config{GapPolicy: ordering.GapIgnore})
+		tr, db := setup(t, &ordering.Config{GapPolicy: ordering.GapIgnore, FirstSeen: ordering.FirstSeenBaseline})
 		inTx(t, db, func(tx pgx.Tx) {
 			require.NoError(t, tr.Hold(ctx, tx, agg, 1))
 			_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("dead_letters")+` (consumer, topic, kafka_partition, kafka_offset,
