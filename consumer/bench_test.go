@@ -22,6 +22,7 @@ import (
 //     ordering (the baseline);
 //   - single: consumer.Process, one transaction per record with the key
 //     claim and the position move (target: at least 0.75x bare);
+//   - noseq: the same for records without a sequence (dedupe alone);
 //   - savepoints: 100 records per transaction with a savepoint per record
 //     around claim + move + handler, hand-written (what batch mode must not
 //     do);
@@ -62,7 +63,9 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 		}
 		return rs
 	}
-	var elapsed [4]time.Duration
+	var elapsed [5]time.Duration
+	noseq, err := consumer.Handle(db.Pool, "bench-noseq", h, cfg)
+	require.NoError(b, err)
 	modes := []func(rs []*kgo.Record){
 		func(rs []*kgo.Record) { // bare
 			for _, r := range rs {
@@ -100,6 +103,13 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 				}))
 			}
 		},
+		func(rs []*kgo.Record) { // noseq
+			for _, r := range rs {
+				r.Headers = r.Headers[:4]
+				_, err := noseq.Process(ctx, r)
+				require.NoError(b, err)
+			}
+		},
 		func(rs []*kgo.Record) { // batch
 			for i := 0; i < len(rs); i += 100 {
 				res, err := batch.ProcessBatch(ctx, rs[i:i+100])
@@ -124,8 +134,9 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 	b.ReportMetric(rate(elapsed[0]), "bare_rec/s")
 	b.ReportMetric(rate(elapsed[1]), "single_rec/s")
 	b.ReportMetric(rate(elapsed[2]), "savepoint100_rec/s")
-	b.ReportMetric(rate(elapsed[3]), "batch100_rec/s")
+	b.ReportMetric(rate(elapsed[4]), "batch100_rec/s")
+	b.ReportMetric(rate(elapsed[3])/rate(elapsed[0]), "noseq/bare")
 	b.ReportMetric(rate(elapsed[1])/rate(elapsed[0]), "single/bare")
-	b.ReportMetric(rate(elapsed[3])/rate(elapsed[1]), "batch/single")
+	b.ReportMetric(rate(elapsed[4])/rate(elapsed[1]), "batch/single")
 	b.ReportMetric(0, "ns/op")
 }
