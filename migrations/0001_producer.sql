@@ -97,7 +97,7 @@ CREATE FUNCTION wake_relay() RETURNS trigger LANGUAGE plpgsql
 SET search_path FROM CURRENT AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM relays WHERE idle_until > now()) THEN
-        PERFORM pg_notify(TG_TABLE_SCHEMA || '.outbox_events', '');
+        PERFORM pg_notify(left(TG_TABLE_SCHEMA, 48) || '.outbox_events', '');
     END IF;
     RETURN NULL;
 END

@@ -34,6 +34,13 @@ func New(t testing.TB, opts ...kfake.Opt) *Broker {
 	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
 		return &Broker{Addrs: strings.Split(env, ",")}
 	}
+	return NewFake(t, opts...)
+}
+
+// NewFake returns an in-process kfake cluster of three brokers whatever
+// KAFKA_BROKERS says, for tests that inject faults only kfake can.
+func NewFake(t testing.TB, opts ...kfake.Opt) *Broker {
+	t.Helper()
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(3)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(c.Close)

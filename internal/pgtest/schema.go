@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -32,17 +34,35 @@ type Opts struct {
 	MaxConns int32
 }
 
-// New gives the test a migrated schema of its own and a pool to reach it.
-// Tests that use New can run in parallel.
+// New gives the test a migrated schema of its own and a pool to reach it,
+// both gone when the test ends. Tests that use New can run in parallel.
 func New(t testing.TB, opts *Opts) *DB {
 	t.Helper()
+	db, closeDB, err := Open(opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := closeDB(); err != nil {
+			t.Error(err)
+		}
+	})
+	return db
+}
+
+// Open is New for code without a testing.TB, such as runnable examples:
+// the caller runs the returned function to drop the schema and close the
+// pool.
+func Open(opts *Opts) (*DB, func() error, error) {
 	if opts == nil {
 		opts = &Opts{}
 	}
 	srv, err := Shared()
-	require.NoError(t, err)
+	if err != nil {
+		return nil, nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(srv.URL)
-	require.NoError(t, err)
+	if err != nil {
+		return nil, nil, err
+	}
 	cfg.MaxConns = 10
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = opts.MaxConns
@@ -50,28 +70,35 @@ func New(t testing.TB, opts *Opts) *DB {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-
+	if err != nil {
+		return nil, nil, err
+	}
 	schema := "test_" + randomHex(6)
-	_, err = outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema, PartitionEventsByDay: opts.PartitionEventsByDay})
-	require.NoError(t, err)
-
-	t.Cleanup(func() {
+	_, err = outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema, PartitionEventsByDay: opts.PartitionEventsByDay, Logger: quiet})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	closeDB := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		_, err := pool.Exec(ctx, `DROP SCHEMA `+quote(schema)+` CASCADE`)
 		pool.Close()
 		if err != nil {
-			t.Errorf("pgtest: drop schema %s: %v", schema, err)
+			return fmt.Errorf("pgtest: drop schema %s: %w", schema, err)
 		}
-	})
-	return &DB{Pool: pool, Schema: schema, Server: srv}
+		return nil
+	}
+	return &DB{Pool: pool, Schema: schema, Server: srv}, closeDB, nil
 }
 
 // Table returns the quoted, schema-qualified name of one of the SDK's tables.
 func (db *DB) Table(name string) string { return quote(db.Schema) + "." + quote(name) }
 
 func quote(ident string) string { return pgx.Identifier{ident}.Sanitize() }
+
+// quiet drops Migrate's log lines, which say the same for every test.
+var quiet = slog.New(slog.DiscardHandler)
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -1,0 +1,294 @@
+package producer_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/kafkatest"
+	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/producer"
+)
+
+// BenchmarkWrite compares a business transaction (one INSERT) with the same
+// transaction plus one Write (event row, sequence upsert, commit-time
+// wake-up check), at 1 and 16 connections. Ratios of commits/s between
+// sub-benchmarks of one run are what to compare; absolute numbers depend on
+// the machine. The wake-up variants: no relay registered; a relay that says
+// it is idle (every commit notifies); a busy relay (no commit notifies).
+//
+//	go test -run '^$' -bench Write -benchtime 3s ./producer
+func BenchmarkWrite(b *testing.B) {
+	for _, conns := range []int{1, 16} {
+		for _, mode := range []string{"bare", "write", "write+idle-relay", "write+busy-relay", "write-notrigger"} {
+			b.Run(fmt.Sprintf("conns=%d/%s", conns, mode), func(b *testing.B) {
+				db := pgtest.New(b, &pgtest.Opts{MaxConns: int32(conns)})
+				ctx := context.Background()
+				_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("orders")+` (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, cents bigint NOT NULL)`)
+				require.NoError(b, err)
+				switch mode {
+				case "write+idle-relay":
+					_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('bench', now() + interval '1 hour')`)
+				case "write-notrigger":
+					_, err = db.Pool.Exec(ctx, `ALTER TABLE `+db.Table("events")+` DISABLE TRIGGER events_wake_relay`)
+				case "write+busy-relay":
+					_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('bench', NULL)`)
+				}
+				require.NoError(b, err)
+				w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+				insert := `INSERT INTO ` + db.Table("orders") + ` (customer, cents) VALUES ($1, $2)`
+				payload := []byte(`{"customer":"c","cents":2500,"items":[{"sku":"A-1","qty":2}]}`)
+				var seq atomic.Int64
+				txn := func() error {
+					n := seq.Add(1)
+					agg := strconv.FormatInt(n%1000, 10)
+					tx, err := db.Pool.Begin(ctx)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback(ctx)
+					if _, err := tx.Exec(ctx, insert, agg, 2500); err != nil {
+						return err
+					}
+					if mode != "bare" {
+						if _, err := w.Write(ctx, tx, producer.Event{AggregateType: "customer", AggregateID: agg, EventType: "order.placed", Payload: payload}); err != nil {
+							return err
+						}
+					}
+					return tx.Commit(ctx)
+				}
+				b.ResetTimer()
+				start := time.Now()
+				if conns == 1 {
+					for b.Loop() {
+						if err := txn(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					b.SetParallelism((conns + 1) / 2) // GOMAXPROCS is 2 here: 16 goroutines
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if err := txn(); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "commits/s")
+			})
+		}
+	}
+}
+
+// BenchmarkRelayDrain measures how fast a relay empties a pre-filled outbox
+// into kfake, against an ideal loop in the same run: claim 1000 with SKIP
+// LOCKED, produce them, wait for the acks, mark them. The ideal loop has no
+// buckets, no ordering holds, no failure handling.
+//
+//	go test -run '^$' -bench RelayDrain -benchtime 1x ./producer
+func BenchmarkRelayDrain(b *testing.B) {
+	const events = 200_000
+	for _, mode := range []string{"ideal", "relay"} {
+		b.Run(mode, func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				db := pgtest.New(b, nil)
+				broker := kafkatest.New(b)
+				topic := broker.Topic(b, 8)
+				prefill(b, db, events)
+				client := broker.Client(b, kgo.DefaultProduceTopic(topic))
+				b.StartTimer()
+				start := time.Now()
+				if mode == "ideal" {
+					idealDrain(b, db, client, topic)
+				} else {
+					relay, err := producer.NewRelay(db.Pool, client, &producer.RelayConfig{Schema: db.Schema, Topic: topic, Logger: slog.New(slog.DiscardHandler)})
+					require.NoError(b, err)
+					ctx, cancel := context.WithCancel(context.Background())
+					done := make(chan error, 1)
+					go func() { done <- relay.Run(ctx) }()
+					for undelivered(b, db) > 0 {
+						time.Sleep(5 * time.Millisecond)
+					}
+					cancel()
+					<-done
+				}
+				b.ReportMetric(events/time.Since(start).Seconds(), "events/s")
+			}
+		})
+	}
+}
+
+// prefill inserts n undelivered events over 5,000 aggregates in bulk.
+func prefill(b *testing.B, db *pgtest.DB, n int) {
+	b.Helper()
+	_, err := db.Pool.Exec(context.Background(), `
+INSERT INTO `+db.Table("events")+` (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload)
+SELECT gen_random_uuid(), g::text, 'account', (g % 5000)::text, g / 5000 + 1, 'funds.moved',
+       convert_to('{"account":' || (g % 5000) || ',"amount_cents":2500,"currency":"EUR"}', 'UTF8')
+FROM generate_series(0, $1 - 1) AS g
+ORDER BY g`, n)
+	require.NoError(b, err)
+	_, err = db.Pool.Exec(context.Background(), `VACUUM ANALYZE `+db.Table("events"))
+	require.NoError(b, err)
+}
+
+func undelivered(b *testing.B, db *pgtest.DB) int {
+	var n int
+	require.NoError(b, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+db.Table("events")+` WHERE published_at IS NULL`).Scan(&n))
+	return n
+}
+
+func idealDrain(b *testing.B, db *pgtest.DB, client *kgo.Client, topic string) {
+	ctx := context.Background()
+	claim := `
+WITH c AS (SELECT id FROM ` + db.Table("events") + ` WHERE published_at IS NULL ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
+UPDATE ` + db.Table("events") + ` e SET leased_until = now() + interval '30 seconds' FROM c WHERE e.id = c.id
+RETURNING e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggregate_id, e.aggregate_seq, e.event_type, e.payload, e.created_at`
+	mark := `UPDATE ` + db.Table("events") + ` SET published_at = now() WHERE id = ANY($1)`
+	for {
+		rows, err := db.Pool.Query(ctx, claim)
+		require.NoError(b, err)
+		var ids []int64
+		var records []*kgo.Record
+		for rows.Next() {
+			var (
+				id, seq                                int64
+				eventID, idemKey, aggType, key, evType string
+				payload                                []byte
+				created                                time.Time
+			)
+			require.NoError(b, rows.Scan(&id, &eventID, &idemKey, &aggType, &key, &seq, &evType, &payload, &created))
+			ids = append(ids, id)
+			// The same headers the relay sends, so both put the same bytes
+			// on the wire.
+			records = append(records, &kgo.Record{Topic: topic, Key: []byte(key), Value: payload, Headers: []kgo.RecordHeader{
+				{Key: outbox.HeaderEventID, Value: []byte(eventID)},
+				{Key: outbox.HeaderEventType, Value: []byte(evType)},
+				{Key: outbox.HeaderAggregateType, Value: []byte(aggType)},
+				{Key: outbox.HeaderAggregateID, Value: []byte(key)},
+				{Key: outbox.HeaderAggregateSeq, Value: strconv.AppendInt(nil, seq, 10)},
+				{Key: outbox.HeaderIdempotencyKey, Value: []byte(idemKey)},
+				{Key: outbox.HeaderOccurredAt, Value: []byte(created.UTC().Format(time.RFC3339Nano))},
+			}})
+		}
+		require.NoError(b, rows.Err())
+		if len(ids) == 0 {
+			return
+		}
+		require.NoError(b, client.ProduceSync(ctx, records...).FirstErr())
+		_, err = db.Pool.Exec(ctx, mark, ids)
+		require.NoError(b, err)
+	}
+}
+
+// BenchmarkLatency writes one event per transaction at a steady rate and
+// reports commit-to-consume latency percentiles (commit returned in the
+// writer to record fetched by a consumer).
+//
+//	go test -run '^$' -bench Latency -benchtime 1x ./producer
+func BenchmarkLatency(b *testing.B) {
+	for _, rate := range []int{300, 1000} {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
+			for b.Loop() {
+				p50, p99 := measureLatency(b, rate, 5*time.Second)
+				b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+			}
+		})
+	}
+}
+
+func measureLatency(b *testing.B, rate int, dur time.Duration) (p50, p99 time.Duration) {
+	ctx := context.Background()
+	db := pgtest.New(b, &pgtest.Opts{MaxConns: 20})
+	broker := kafkatest.New(b)
+	topic := broker.Topic(b, 8)
+	relayPool, err := pgxpool.New(ctx, db.Server.URL)
+	require.NoError(b, err)
+	defer relayPool.Close()
+	relay, err := producer.NewRelay(relayPool, broker.Client(b), &producer.RelayConfig{Schema: db.Schema, Topic: topic, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(b, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+
+	reader := broker.Client(b, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond))
+	// The reader notes when each event id arrived; the writers note when
+	// each commit returned; latencies are matched up at the end.
+	var (
+		mu        sync.Mutex
+		committed = map[string]time.Time{}
+		received  = map[string]time.Time{}
+	)
+	total := rate * int(dur/time.Second)
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		deadline, cancel := context.WithTimeout(ctx, dur+30*time.Second)
+		defer cancel()
+		for len(received) < total && deadline.Err() == nil {
+			fetches := reader.PollFetches(deadline)
+			now := time.Now()
+			fetches.EachRecord(func(r *kgo.Record) {
+				for _, h := range r.Headers {
+					if _, seen := received[string(h.Value)]; h.Key == outbox.HeaderEventID && !seen {
+						received[string(h.Value)] = now
+					}
+				}
+			})
+		}
+	}()
+
+	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	for i := range total {
+		<-tick.C
+		wg.Go(func() {
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			defer tx.Rollback(ctx)
+			written, err := w.Write(ctx, tx, producer.Event{AggregateType: "account", AggregateID: strconv.Itoa(i % 500), EventType: "e", Payload: []byte("x")})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := tx.Commit(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+			at := time.Now()
+			mu.Lock()
+			committed[written[0].EventID] = at
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	<-readDone
+	require.Len(b, received, total)
+	latencies := make([]time.Duration, 0, total)
+	for id, at := range received {
+		latencies = append(latencies, at.Sub(committed[id]))
+	}
+	slices.Sort(latencies)
+	return latencies[len(latencies)/2], latencies[len(latencies)*99/100]
+}

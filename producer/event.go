@@ -1,0 +1,112 @@
+package producer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/d419a114/outbox"
+)
+
+// Event is one event to write. AggregateType, AggregateID, EventType and
+// Payload are required; the rest is optional.
+type Event struct {
+	// AggregateType is the kind of entity the event is about, such as "order".
+	AggregateType string
+	// AggregateID identifies the entity. It becomes the Kafka record key, so
+	// one aggregate's events stay on one partition, in order.
+	AggregateID string
+	// EventType names what happened, such as "order.created".
+	EventType string
+	// Payload is published byte for byte as the record value.
+	Payload []byte
+	// Topic is where the event goes. Default: the relay's Topic, or the
+	// aggregate type when that is empty too.
+	Topic string
+	// ContentType is the payload's media type, published as the content-type
+	// header when set.
+	ContentType string
+	// Headers are published with the event, after the SDK's own. Names must
+	// be printable ASCII without spaces and may not start with
+	// outbox.ReservedHeaderPrefix; values must be UTF-8 without NUL bytes.
+	Headers map[string]string
+	// IdempotencyKey is what consumers deduplicate on. Default: the event id.
+	// Set it to the key of the request that caused the event to make a
+	// retried request produce a duplicate that consumers drop.
+	IdempotencyKey string
+}
+
+// Written describes an event that Write inserted.
+type Written struct {
+	// ID is the database id, which orders claims.
+	ID int64
+	// EventID is the event's UUIDv7 in canonical text form.
+	EventID string
+	// Seq is the event's position in its aggregate's sequence, from 1.
+	Seq int64
+}
+
+// ValidationError says which field of which event was refused and why.
+// Nothing is written when Write returns one.
+type ValidationError struct {
+	// Index is the event's position in the Write call.
+	Index int
+	// Field names the offending field.
+	Field string
+	// Reason says what is wrong.
+	Reason string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("producer: event %d: %s %s", e.Index, e.Field, e.Reason)
+}
+
+// ErrNoTx is returned by Write when it is given a nil transaction.
+var ErrNoTx = errors.New("producer: write needs the caller's transaction; got nil")
+
+func (e *Event) validate(i int, maxPayload int) error {
+	bad := func(field, reason string) error { return &ValidationError{Index: i, Field: field, Reason: reason} }
+	switch {
+	case e.AggregateType == "":
+		return bad("AggregateType", "is empty")
+	case e.AggregateID == "":
+		return bad("AggregateID", "is empty")
+	case e.EventType == "":
+		return bad("EventType", "is empty")
+	case len(e.Payload) > maxPayload:
+		return bad("Payload", fmt.Sprintf("is %d bytes, over the limit of %d (WriterConfig.MaxPayloadBytes)", len(e.Payload), maxPayload))
+	}
+	for _, f := range []struct{ name, v string }{
+		{"AggregateType", e.AggregateType}, {"AggregateID", e.AggregateID}, {"EventType", e.EventType},
+		{"Topic", e.Topic}, {"ContentType", e.ContentType}, {"IdempotencyKey", e.IdempotencyKey},
+	} {
+		if !utf8.ValidString(f.v) || strings.ContainsRune(f.v, 0) {
+			return bad(f.name, "is not UTF-8 text without NUL bytes")
+		}
+	}
+	for name, value := range e.Headers {
+		if !validHeaderName(name) {
+			return bad("Headers", fmt.Sprintf("name %q is not printable ASCII without spaces", name))
+		}
+		if strings.HasPrefix(strings.ToLower(name), outbox.ReservedHeaderPrefix) || strings.EqualFold(name, outbox.HeaderContentType) {
+			return bad("Headers", fmt.Sprintf("name %q is reserved for the SDK (set ContentType for content-type)", name))
+		}
+		if !utf8.ValidString(value) || strings.ContainsRune(value, 0) {
+			return bad("Headers", fmt.Sprintf("value of %q is not UTF-8 text without NUL bytes", name))
+		}
+	}
+	return nil
+}
+
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,236 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+)
+
+// claimedEvent is an outbox row leased to this relay.
+type claimedEvent struct {
+	id                int64
+	eventID           string
+	idempotencyKey    string
+	aggregateType     string
+	aggregateID       string
+	seq               int64
+	eventType         string
+	topic             *string
+	contentType       *string
+	payload           []byte
+	headers           map[string]string
+	createdAt         time.Time
+	attempts          int
+	permanentFailures int
+}
+
+const claimedColumns = `e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggregate_id,
+       e.aggregate_seq, e.event_type, e.topic, e.content_type, e.payload, e.headers,
+       e.created_at, e.attempts, e.permanent_failures`
+
+func scanClaimed(row pgx.CollectableRow) (*claimedEvent, error) {
+	e := &claimedEvent{}
+	err := row.Scan(&e.id, &e.eventID, &e.idempotencyKey, &e.aggregateType, &e.aggregateID,
+		&e.seq, &e.eventType, &e.topic, &e.contentType, &e.payload, &e.headers,
+		&e.createdAt, &e.attempts, &e.permanentFailures)
+	return e, err
+}
+
+// errHeldBack marks events of a batch that were not sent because an earlier
+// event of their aggregate was not acknowledged (or went to another topic).
+var errHeldBack = errors.New("held back behind an earlier event of its aggregate")
+
+// publish sends the batch and waits for every acknowledgement; results[i]
+// is nil when batch[i] was acknowledged.
+//
+// All sent records are in flight at once. That keeps per-aggregate order
+// because an aggregate's records share a key and so a partition, and the
+// idempotent producer fails every later record of a partition when one
+// fails, so seq n+1 cannot land unless seq n did. That argument holds only
+// within one topic: when an aggregate's events in the batch change topic,
+// the rest of that aggregate waits for the next batch.
+func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	results := make([]error, len(batch))
+	topicOf := map[[2]string]string{}
+	var wg sync.WaitGroup
+	for i, e := range batch {
+		topic := r.topicFor(e)
+		agg := [2]string{e.aggregateType, e.aggregateID}
+		if first, seen := topicOf[agg]; !seen {
+			topicOf[agg] = topic
+		} else if first != topic {
+			results[i] = errHeldBack
+			topicOf[agg] = "\x00" // hold the rest of this aggregate too
+			continue
+		}
+		wg.Add(1)
+		r.client.Produce(ctx, r.record(e, topic), func(_ *kgo.Record, err error) {
+			results[i] = err
+			wg.Done()
+		})
+	}
+	// Flush sends what the client is lingering on at once: the relay
+	// waits for this batch anyway, so lingering only adds latency.
+	_ = r.client.Flush(ctx)
+	wg.Wait()
+	return results
+}
+
+func (r *Relay) topicFor(e *claimedEvent) string {
+	switch {
+	case e.topic != nil:
+		return *e.topic
+	case r.cfg.Topic != "":
+		return r.cfg.Topic
+	default:
+		return e.aggregateType
+	}
+}
+
+func (r *Relay) record(e *claimedEvent, topic string) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, 8+len(e.headers))
+	add := func(k, v string) { headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(outbox.HeaderEventID, e.eventID)
+	add(outbox.HeaderEventType, e.eventType)
+	add(outbox.HeaderAggregateType, e.aggregateType)
+	add(outbox.HeaderAggregateID, e.aggregateID)
+	add(outbox.HeaderAggregateSeq, strconv.FormatInt(e.seq, 10))
+	add(outbox.HeaderIdempotencyKey, e.idempotencyKey)
+	add(outbox.HeaderOccurredAt, e.createdAt.UTC().Format(time.RFC3339Nano))
+	if e.contentType != nil {
+		add(outbox.HeaderContentType, *e.contentType)
+	}
+	for k, v := range e.headers {
+		add(k, v)
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(e.aggregateID), Value: e.payload, Headers: headers}
+}
+
+// retryable reports whether a publish error may go away by itself: the
+// broker or a leader unavailable, a time-out, a connection lost. Anything
+// else (record too large, invalid topic, not authorised) is permanent and
+// counts towards MaxAttempts.
+func retryable(err error) bool {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrRecordRetries),
+		errors.Is(err, kgo.ErrMaxBuffered):
+		return true
+	}
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		return ke.Retriable
+	}
+	// Errors outside the protocol's table are the client's own: dial
+	// failures, closed connections. Treat them as transient.
+	return true
+}
+
+// failure is the outcome to record for an event that was not acknowledged.
+type failure struct {
+	id        int64
+	permanent bool
+	err       string
+	delay     time.Duration
+}
+
+// settle records a published batch's outcome in one transaction: the
+// acknowledged rows are marked delivered; per aggregate, the first
+// unacknowledged row gets its attempt counted and a backoff, and the rows
+// behind it just lose their lease (they were not the cause). Rows whose
+// permanent failures reached MaxAttempts move to the dead events.
+func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []error) error {
+	var delivered, released []int64
+	var failed []failure
+	blocked := map[[2]string]bool{}
+	for i, e := range batch {
+		agg := [2]string{e.aggregateType, e.aggregateID}
+		err := results[i]
+		switch {
+		case err == nil:
+			// Acknowledged, so it is on the topic whatever happened before
+			// it; marking it avoids publishing it twice.
+			delivered = append(delivered, e.id)
+		case blocked[agg] || errors.Is(err, errHeldBack):
+			blocked[agg] = true
+			released = append(released, e.id)
+		default:
+			blocked[agg] = true
+			f := failure{id: e.id, permanent: !retryable(err), err: err.Error()}
+			f.delay = r.retry.Delay(e.attempts + 1)
+			failed = append(failed, f)
+			level := slog.LevelWarn
+			r.log.Log(ctx, level, "relay: publish failed, will retry",
+				slog.Int64("event_id", e.id), slog.String("aggregate_type", e.aggregateType),
+				slog.String("aggregate_id", e.aggregateID), slog.Int64("seq", e.seq),
+				slog.Bool("permanent", f.permanent), slog.Int("attempts", e.attempts+1),
+				slog.Duration("backoff", f.delay), slog.String("error", f.err))
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
+	defer cancel()
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	b := &pgx.Batch{}
+	if len(delivered) > 0 {
+		b.Queue(r.sql.markDelivered, delivered)
+	}
+	if len(released) > 0 {
+		b.Queue(r.sql.release, released)
+	}
+	var deadRows []deadMove
+	if len(failed) > 0 {
+		ids := make([]int64, len(failed))
+		perm := make([]int32, len(failed))
+		msgs := make([]string, len(failed))
+		delays := make([]int64, len(failed))
+		for i, f := range failed {
+			ids[i], msgs[i], delays[i] = f.id, f.err, f.delay.Milliseconds()
+			if f.permanent {
+				perm[i] = 1
+			}
+		}
+		b.Queue(r.sql.recordFailures, ids, perm, msgs, delays)
+		b.Queue(r.sql.moveDead, ids, int32(r.cfg.MaxAttempts), r.cfg.OnDead == HoldAggregate).Query(func(rows pgx.Rows) error {
+			var err error
+			deadRows, err = pgx.CollectRows(rows, pgx.RowToStructByPos[deadMove])
+			return err
+		})
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("mark batch: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit batch marks: %w", err)
+	}
+	for _, d := range deadRows {
+		r.log.ErrorContext(ctx, "relay: event exhausted its attempts and moved to dead events; replay or discard it",
+			slog.Int64("event_id", d.ID), slog.String("aggregate_type", d.AggregateType),
+			slog.String("aggregate_id", d.AggregateID), slog.Int64("seq", d.Seq),
+			slog.Bool("holds_aggregate", r.cfg.OnDead == HoldAggregate), slog.String("error", d.LastError))
+	}
+	return nil
+}
+
+type deadMove struct {
+	ID            int64
+	AggregateType string
+	AggregateID   string
+	Seq           int64
+	LastError     string
+}

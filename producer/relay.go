@@ -1,0 +1,298 @@
+package producer
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/backoff"
+)
+
+// DeadPolicy says what happens to an aggregate's later events when one of
+// its events exhausts its attempts.
+type DeadPolicy int
+
+const (
+	// HoldAggregate keeps the aggregate's later events back until the dead
+	// event is replayed or discarded, so consumers never see a gap.
+	HoldAggregate DeadPolicy = iota
+	// SkipDead publishes the later events at once; consumers that check
+	// sequences see a gap where the dead event was.
+	SkipDead
+)
+
+// RelayConfig tunes a Relay. The zero value is valid: every field has a
+// default.
+type RelayConfig struct {
+	// Schema holds the outbox tables. Default outbox.DefaultSchema.
+	Schema string
+	// Topic receives events written without a topic of their own. Default:
+	// the event's aggregate type.
+	Topic string
+	// BatchSize is how many events one claim takes. Default 1000.
+	BatchSize int
+	// PollInterval is the safety-net poll: a lost notification delays an
+	// event by at most this much. Default 1s.
+	PollInterval time.Duration
+	// Lease is how long a claimed event stays reserved for this relay while
+	// it publishes; if the relay dies, the event is claimable again after
+	// it. Must exceed PublishTimeout. Default 30s.
+	Lease time.Duration
+	// PublishTimeout bounds the wait for one batch's acknowledgements.
+	// Records the client has not sent yet fail at the timeout; records
+	// already in flight are waited for, since the client cannot know
+	// whether they landed. Default 10s.
+	PublishTimeout time.Duration
+	// MaxAttempts is how many permanent broker errors (record too large,
+	// invalid topic, not authorised) an event may collect before it moves
+	// to the dead events. Retryable errors (broker down, leader moving,
+	// time-outs) are retried with backoff for as long as they last and do
+	// not count. Default 10.
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the delay before an event that failed
+	// is tried again; it doubles per attempt, with jitter. Defaults 100ms
+	// and 1m.
+	MinBackoff, MaxBackoff time.Duration
+	// OnDead says what happens to the later events of an aggregate whose
+	// event went dead. Default HoldAggregate.
+	OnDead DeadPolicy
+	// RelayID names this instance in logs and in the relays table. Default:
+	// host name, process id and a random suffix.
+	RelayID string
+	// RebalanceInterval is how often the relay renews its heartbeat and
+	// rebalances buckets with the other instances. An instance that dies
+	// without a clean stop is noticed after three intervals. Default 2s.
+	RebalanceInterval time.Duration
+	// Retention is how long delivered events are kept before they are
+	// pruned; negative disables pruning. Default 7 days.
+	Retention time.Duration
+	// RetentionInterval is how often pruning runs. Default 1m.
+	RetentionInterval time.Duration
+	// SessionConfig is used for the two session connections a relay holds:
+	// one for LISTEN and one that holds its bucket locks and claims. Both
+	// need a real session: through PgBouncer in transaction mode, point this
+	// at the server directly. Default: the pool's connection config.
+	SessionConfig *pgx.ConnConfig
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Relay publishes committed outbox events to Kafka, at least once, and marks
+// them delivered.
+//
+// Events are spread over a fixed number of buckets by a hash of their
+// aggregate; each bucket is owned by one relay instance at a time through a
+// session advisory lock, and instances rebalance buckets as they come and
+// go. Within its buckets a relay publishes in id order, never holding a
+// transaction across a network call, and per aggregate it never puts seq
+// n+1 on the wire before seq n was acknowledged.
+type Relay struct {
+	pool   *pgxpool.Pool
+	client *kgo.Client
+	cfg    RelayConfig
+	log    *slog.Logger
+	sql    relaySQL
+	retry  backoff.Policy
+	// lockKey namespaces the bucket locks by schema.
+	lockKey int32
+}
+
+// NewRelay validates cfg (nil means defaults) and returns a Relay that
+// publishes through client. The client must keep idempotent writes (the
+// default): the relay relies on them for per-partition order across
+// retries. Records are keyed by aggregate id, so keep a key-hashing
+// partitioner (the default).
+func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("producer: NewRelay needs a pool; got nil")
+	}
+	if client == nil {
+		return nil, errors.New("producer: NewRelay needs a kgo.Client; got nil")
+	}
+	if v, ok := client.OptValue(kgo.DisableIdempotentWrite).(bool); ok && v {
+		return nil, errors.New("producer: client has idempotent writes disabled, which lets retries reorder an aggregate's events; create it without kgo.DisableIdempotentWrite()")
+	}
+	c := RelayConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Schema == "" {
+		c.Schema = outbox.DefaultSchema
+	}
+	setDefault(&c.BatchSize, 1000)
+	setDefault(&c.PollInterval, time.Second)
+	setDefault(&c.Lease, 30*time.Second)
+	setDefault(&c.PublishTimeout, 10*time.Second)
+	setDefault(&c.MaxAttempts, 10)
+	setDefault(&c.MinBackoff, 100*time.Millisecond)
+	setDefault(&c.MaxBackoff, time.Minute)
+	setDefault(&c.RebalanceInterval, 2*time.Second)
+	setDefault(&c.Retention, 7*24*time.Hour)
+	setDefault(&c.RetentionInterval, time.Minute)
+	if c.Lease <= c.PublishTimeout {
+		return nil, fmt.Errorf("producer: Lease (%s) must exceed PublishTimeout (%s), or another instance could take over events still being published", c.Lease, c.PublishTimeout)
+	}
+	if c.MinBackoff > c.MaxBackoff {
+		return nil, fmt.Errorf("producer: MinBackoff (%s) exceeds MaxBackoff (%s)", c.MinBackoff, c.MaxBackoff)
+	}
+	if c.RelayID == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		c.RelayID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+	}
+	if c.SessionConfig == nil {
+		c.SessionConfig = pool.Config().ConnConfig
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &Relay{
+		pool:    pool,
+		client:  client,
+		cfg:     c,
+		log:     c.Logger.With(slog.String("relay_id", c.RelayID)),
+		sql:     newRelaySQL(c.Schema),
+		retry:   backoff.Policy{Min: c.MinBackoff, Max: c.MaxBackoff},
+		lockKey: schemaLockKey(c.Schema),
+	}, nil
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// Run publishes until ctx ends. It then stops claiming, lets the batch in
+// flight finish and be marked, releases its buckets and returns ctx.Err().
+// Database and broker errors are logged and retried, never returned: a
+// relay outlives outages. Run it once per Relay.
+func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	lctx, stopListener := context.WithCancel(ctx)
+	listenerDone := make(chan struct{})
+	go func() {
+		defer close(listenerDone)
+		r.listen(lctx, wake)
+	}()
+	defer func() {
+		stopListener()
+		<-listenerDone
+	}()
+
+	owner := newBucketOwner(r)
+	defer owner.close()
+
+	var (
+		idle          bool
+		nextRebalance time.Time
+		nextPrune     = time.Now()
+		failures      int
+	)
+	for ctx.Err() == nil {
+		if now := time.Now(); !now.Before(nextRebalance) {
+			if err := owner.rebalance(ctx, idle); err != nil {
+				r.logError(ctx, "relay: rebalance buckets, will retry", err)
+			}
+			nextRebalance = now.Add(r.cfg.RebalanceInterval)
+		}
+		if r.cfg.Retention > 0 && !time.Now().Before(nextPrune) {
+			if _, err := Prune(ctx, r.pool, &PruneConfig{Schema: r.cfg.Schema, Retention: r.cfg.Retention}); err != nil {
+				r.logError(ctx, "relay: prune delivered events, will retry", err)
+			}
+			nextPrune = time.Now().Add(r.cfg.RetentionInterval)
+		}
+
+		n, err := r.cycle(ctx, owner)
+		switch {
+		case err != nil:
+			failures++
+			r.logError(ctx, "relay: claim batch, will retry", err)
+			owner.reset(ctx)
+			r.sleep(ctx, wake, min(r.retry.Delay(failures), r.cfg.RebalanceInterval))
+			continue
+		case n > 0:
+			failures = 0
+			if idle && n >= busyThreshold {
+				idle = false
+				if err := owner.setIdle(ctx, false); err != nil {
+					r.logError(ctx, "relay: clear idle flag", err)
+				}
+			}
+			continue
+		}
+		failures = 0
+		if !idle {
+			// Going idle: say so, so that writers start to notify, and then
+			// look once more, for rows committed before the flag was
+			// visible to their commit-time trigger.
+			idle = true
+			if err := owner.setIdle(ctx, true); err != nil {
+				r.logError(ctx, "relay: set idle flag", err)
+			}
+			continue
+		}
+		r.sleep(ctx, wake, min(r.cfg.PollInterval, time.Until(nextRebalance)))
+		if err := owner.refreshIdle(ctx); err != nil {
+			r.logError(ctx, "relay: refresh idle flag", err)
+		}
+	}
+	return ctx.Err()
+}
+
+// busyThreshold is the batch size from which the relay counts as busy and
+// stops asking writers for wake-ups: NOTIFY serialises committing
+// transactions database-wide, and a relay that finds this much work per
+// claim loops straight into its next claim anyway.
+const busyThreshold = 32
+
+// sleep waits for a wake-up, the timeout or the end of ctx.
+func (r *Relay) sleep(ctx context.Context, wake <-chan struct{}, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-wake:
+	case <-t.C:
+	}
+}
+
+// cycle claims one batch in the owned buckets, publishes it and records the
+// outcome. It returns how many events it claimed. Once claimed, a batch is
+// always published and marked, even if ctx ends meanwhile.
+func (r *Relay) cycle(ctx context.Context, owner *bucketOwner) (int, error) {
+	batch, err := owner.claim(ctx)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	finish := context.WithoutCancel(ctx)
+	results := r.publish(finish, batch)
+	if err := r.settle(finish, batch, results); err != nil {
+		// The rows keep their lease; when it ends they are claimed again and
+		// published a second time, which at-least-once allows.
+		r.logError(ctx, "relay: record publish outcome; rows will be retried when their lease ends", err)
+	}
+	return len(batch), nil
+}
+
+func (r *Relay) logError(ctx context.Context, msg string, err error) {
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return
+	}
+	r.log.WarnContext(ctx, msg, slog.String("error", err.Error()))
+}

@@ -1,0 +1,331 @@
+package producer_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/producer"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+func TestRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("PublishesCommittedEventsWithTheWireContract", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 4)
+		e := b.event("a-1")
+		e.ContentType = "application/json"
+		e.Headers = map[string]string{"traceparent": "00-abc-def-01"}
+		e.Payload = []byte(`{"z":1,"a":2}`)
+		written := b.write(t, e, b.event("a-1"), b.event("a-2"))
+
+		tx, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = b.writer.Write(ctx, tx, b.event("rolled-back"))
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback(ctx))
+
+		b.startRelay(t, nil)
+		b.waitDelivered(t, 30*time.Second)
+		records := b.broker.Records(t, b.topic, 3, 30*time.Second)
+		require.Len(t, records, 3)
+		for _, r := range records {
+			require.NotEqual(t, "rolled-back", string(r.Key), "a rolled-back event reached the topic")
+		}
+		checkOrder(t, records)
+
+		var first *kgo.Record
+		for _, r := range records {
+			if id, _ := header(r, outbox.HeaderEventID); id == written[0].EventID {
+				first = r
+			}
+		}
+		require.NotNil(t, first)
+		require.Equal(t, "a-1", string(first.Key))
+		require.Equal(t, `{"z":1,"a":2}`, string(first.Value))
+		want := map[string]string{
+			outbox.HeaderEventType:      "funds.moved",
+			outbox.HeaderAggregateType:  "account",
+			outbox.HeaderAggregateID:    "a-1",
+			outbox.HeaderAggregateSeq:   "1",
+			outbox.HeaderIdempotencyKey: written[0].EventID,
+			outbox.HeaderContentType:    "application/json",
+			"traceparent":               "00-abc-def-01",
+		}
+		for k, v := range want {
+			got, ok := header(first, k)
+			require.True(t, ok, "header %s missing", k)
+			require.Equal(t, v, got, "header %s", k)
+		}
+		at, ok := header(first, outbox.HeaderOccurredAt)
+		require.True(t, ok)
+		_, err = time.Parse(time.RFC3339Nano, at)
+		require.NoError(t, err)
+	})
+
+	t.Run("WakesOnCommitWithoutPolling", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 1)
+		b.startRelay(t, &producer.RelayConfig{PollInterval: time.Hour, RebalanceInterval: time.Hour})
+		// The relay has taken its buckets and gone idle once its row says
+		// so; from then on only a notification can wake it within the hour.
+		waitFor(t, 30*time.Second, "relay idle", func() bool {
+			var idle bool
+			_ = b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.db.Table("relays")+` WHERE idle_until > now())`).Scan(&idle)
+			return idle
+		})
+		for i := range 3 {
+			b.write(t, b.event(aggName(i)))
+			b.waitDelivered(t, 20*time.Second)
+		}
+	})
+
+	t.Run("PollCoversALostNotification", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 1)
+		b.startRelay(t, &producer.RelayConfig{PollInterval: 100 * time.Millisecond})
+		// With the wake-up trigger off, every notification is lost.
+		_, err := b.db.Pool.Exec(ctx, `ALTER TABLE `+b.db.Table("events")+` DISABLE TRIGGER events_wake_relay`)
+		require.NoError(t, err)
+		b.write(t, b.event("a"))
+		b.waitDelivered(t, 20*time.Second)
+	})
+
+	t.Run("VisibilityGapLosesNothing", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 2)
+		b.startRelay(t, &producer.RelayConfig{PollInterval: 50 * time.Millisecond})
+		// The early transaction takes the lower id and commits last.
+		early, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer early.Rollback(ctx)
+		low, err := b.writer.Write(ctx, early, b.event("slow"))
+		require.NoError(t, err)
+		high := b.write(t, b.event("fast"))
+		require.Greater(t, high[0].ID, low[0].ID)
+		waitFor(t, 20*time.Second, "the higher id delivered", func() bool { return b.undelivered(t) == 0 })
+		require.NoError(t, early.Commit(ctx))
+		b.waitDelivered(t, 20*time.Second)
+		records := b.broker.Records(t, b.topic, 2, 30*time.Second)
+		require.Len(t, checkOrder(t, records), 2)
+	})
+
+	t.Run("SurvivesCancelsAndTerminatedConnections", func(t *testing.T) {
+		t.Parallel()
+		const total = 10000
+		b := newBundle(t, 8)
+		var events []producer.Event
+		for i := range total {
+			events = append(events, b.event(aggName(i%200)))
+			if len(events) == 500 {
+				b.write(t, events...)
+				events = events[:0]
+			}
+		}
+		cfg := &producer.RelayConfig{BatchSize: 200, Lease: 2 * time.Second, PublishTimeout: time.Second, PollInterval: 50 * time.Millisecond, RebalanceInterval: 100 * time.Millisecond}
+		progress := func() int { return total - b.undelivered(t) }
+		for round := range 6 {
+			stop := b.startRelay(t, cfg)
+			before := progress()
+			waitFor(t, 60*time.Second, "some progress", func() bool { return progress() > before+200 || progress() == total })
+			if round%2 == 0 {
+				stop()
+				continue
+			}
+			// Kill every session of the relay mid-flight, then stop it.
+			_, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName)
+			require.NoError(t, err)
+			stop()
+		}
+		b.startRelay(t, cfg)
+		b.waitDelivered(t, 120*time.Second)
+		records := b.broker.Records(t, b.topic, total, 60*time.Second)
+		ids := checkOrder(t, records)
+		require.Len(t, ids, total, "every event on the topic at least once")
+	})
+
+	t.Run("BrokerFaultsRetryWithoutLossOrReorder", func(t *testing.T) {
+		t.Parallel()
+		b := newFaultBundle(t, 4)
+		fake := b.broker.Fake
+		b.startRelay(t, &producer.RelayConfig{BatchSize: 50, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, PublishTimeout: 2 * time.Second, Lease: 5 * time.Second},
+			kgo.RetryBackoffFn(func(int) time.Duration { return 5 * time.Millisecond }),
+			kgo.ProduceRequestTimeout(time.Second), kgo.RequestTimeoutOverhead(time.Second), kgo.MetadataMinAge(20*time.Millisecond))
+		produce := []kmsg.Key{kmsg.Produce}
+		failed := fake.Fault(kafkaFault(produce, kerr.NotLeaderForPartition, 20))
+		lostAcks := fake.Fault(kafkaFault(produce, kerr.RequestTimedOut, 10))
+		var drops atomic.Int32
+		fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+			if drops.Add(1) > 5 {
+				fake.DropControl()
+				return nil, nil, false
+			}
+			fake.KeepControl()
+			return nil, errConnDropped, true // closes the client's connection
+		})
+		const total = 1000
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Go(func() {
+				for i := range total / 4 / 5 {
+					var evs []producer.Event
+					for range 5 {
+						evs = append(evs, b.event(aggName((w*50+i)%40)))
+					}
+					b.write(t, evs...)
+				}
+			})
+		}
+		wg.Wait()
+		b.waitDelivered(t, 120*time.Second)
+		require.Positive(t, failed.Hits())
+		require.Positive(t, lostAcks.Hits())
+		require.Positive(t, drops.Load())
+		records := b.broker.Records(t, b.topic, total, 60*time.Second)
+		require.Len(t, checkOrder(t, records), total)
+	})
+
+	t.Run("PoisonEventGoesDeadHoldsItsAggregateAndReplays", func(t *testing.T) {
+		t.Parallel()
+		b := newFaultBundle(t, 4)
+		poisonTopic := b.broker.Topic(t, 1)
+		fault := b.broker.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: poisonTopic, Err: kerr.MessageTooLarge, Count: -1})
+		b.startRelay(t, &producer.RelayConfig{MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+
+		poison := b.event("sick")
+		poison.Topic = poisonTopic
+		b.write(t, poison)
+		for i := range 3 {
+			b.write(t, b.event("sick"), b.event(aggName(i)))
+		}
+		dead := producer.NewDeadEvents(b.db.Pool, b.db.Schema)
+		var list []producer.DeadEvent
+		waitFor(t, 30*time.Second, "the poison event dead", func() bool {
+			var err error
+			list, err = dead.List(ctx, &producer.ListOpts{Status: "dead"})
+			require.NoError(t, err)
+			return len(list) == 1
+		})
+		require.Equal(t, int64(1), list[0].Seq)
+		require.Equal(t, 3, list[0].Attempts)
+		require.Contains(t, list[0].LastError, "MESSAGE_TOO_LARGE")
+		require.True(t, list[0].Hold)
+
+		// Other aggregates flow; the sick aggregate's later events wait.
+		waitFor(t, 30*time.Second, "healthy aggregates delivered", func() bool { return b.undelivered(t) == 3 })
+		h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
+		require.NoError(t, err)
+		require.Equal(t, producer.Health{Undelivered: 3, Dead: 1, OldestUndelivered: h.OldestUndelivered}, h)
+		require.Positive(t, h.OldestUndelivered)
+
+		fault.Remove() // the fix
+		require.NoError(t, dead.Replay(ctx, list[0].ID))
+		require.ErrorIs(t, dead.Replay(ctx, list[0].ID), producer.ErrNotDead)
+		b.waitDelivered(t, 30*time.Second)
+
+		records := append(b.broker.Records(t, poisonTopic, 1, 30*time.Second), b.broker.Records(t, b.topic, 6, 30*time.Second)...)
+		checkOrder(t, records)
+	})
+
+	t.Run("SkipDeadReleasesTheAggregate", func(t *testing.T) {
+		t.Parallel()
+		b := newFaultBundle(t, 1)
+		poisonTopic := b.broker.Topic(t, 1)
+		b.broker.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: poisonTopic, Err: kerr.TopicAuthorizationFailed, Count: -1})
+		b.startRelay(t, &producer.RelayConfig{MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond, OnDead: producer.SkipDead})
+		poison := b.event("sick")
+		poison.Topic = poisonTopic
+		b.write(t, poison, b.event("sick"))
+		b.waitDelivered(t, 30*time.Second)
+		records := b.broker.Records(t, b.topic, 1, 30*time.Second)
+		require.Len(t, records, 1)
+		seq, _ := header(records[0], outbox.HeaderAggregateSeq)
+		require.Equal(t, "2", seq, "the later event went out, leaving a gap")
+		dead := producer.NewDeadEvents(b.db.Pool, b.db.Schema)
+		list, err := dead.List(ctx, nil)
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.False(t, list[0].Hold)
+		require.NoError(t, dead.Discard(ctx, list[0].ID))
+		h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
+		require.NoError(t, err)
+		require.Zero(t, h.Dead)
+	})
+
+	t.Run("InstancesComeAndGoWithoutBreakingOrder", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 6)
+		cfg := &producer.RelayConfig{BatchSize: 100, RebalanceInterval: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond}
+		writing, stopWriting := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var written atomic.Int64
+		for w := range 4 {
+			wg.Go(func() {
+				for i := 0; writing.Err() == nil; i++ {
+					b.write(t, b.event(aggName((w*7+i)%60)), b.event(aggName((w*13+i)%60)))
+					written.Add(2)
+				}
+			})
+		}
+		progressed := func(n int64) {
+			target := written.Load() + n
+			waitFor(t, 60*time.Second, "writes to go on", func() bool { return written.Load() >= target })
+		}
+		stop1 := b.startRelay(t, cfg)
+		progressed(300)
+		b.startRelay(t, cfg)
+		progressed(300)
+		b.startRelay(t, cfg)
+		progressed(300)
+		stop1()
+		progressed(300)
+		stopWriting()
+		wg.Wait()
+		b.waitDelivered(t, 60*time.Second)
+		records := b.broker.Records(t, b.topic, int(written.Load()), 60*time.Second)
+		require.Len(t, checkOrder(t, records), int(written.Load()))
+	})
+}
+
+// errConnDropped, returned from a kfake control function, makes the fake
+// broker close the client's connection.
+var errConnDropped = errors.New("connection dropped on purpose")
+
+func kafkaFault(keys []kmsg.Key, err *kerr.Error, count int) kfake.Fault {
+	return kfake.Fault{Keys: keys, Err: err, Count: count}
+}
+
+func TestNewRelayRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	db := newBundle(t, 1)
+	client := db.broker.Client(t)
+	for _, tc := range []struct {
+		name string
+		cfg  producer.RelayConfig
+		msg  string
+	}{
+		{"LeaseNotAbovePublishTimeout", producer.RelayConfig{Lease: time.Second, PublishTimeout: time.Second}, "Lease (1s) must exceed PublishTimeout (1s)"},
+		{"BackoffBoundsSwapped", producer.RelayConfig{MinBackoff: time.Minute, MaxBackoff: time.Second}, "MinBackoff (1m0s) exceeds MaxBackoff (1s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := producer.NewRelay(db.db.Pool, client, &tc.cfg)
+			require.ErrorContains(t, err, tc.msg)
+		})
+	}
+	_, err := producer.NewRelay(db.db.Pool, db.broker.Client(t, kgo.DisableIdempotentWrite()), nil)
+	require.ErrorContains(t, err, "kgo.DisableIdempotentWrite()")
+	_, err = producer.NewRelay(nil, client, nil)
+	require.ErrorContains(t, err, "needs a pool")
+}

@@ -1,0 +1,100 @@
+package producer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/d419a114/outbox"
+)
+
+// DB is what the package's stand-alone functions need from a database
+// handle. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// PruneConfig tunes Prune. The zero value is valid.
+type PruneConfig struct {
+	// Schema holds the outbox tables. Default outbox.DefaultSchema.
+	Schema string
+	// Retention is how long delivered events are kept. Default 7 days.
+	Retention time.Duration
+	// BatchSize bounds each DELETE so that no statement holds many locks or
+	// produces a burst of WAL. Default 10000.
+	BatchSize int
+	// DaysAhead is how many days of partitions to keep created ahead, for
+	// a day-partitioned events table. Default 7.
+	DaysAhead int
+}
+
+// PruneResult says what Prune removed.
+type PruneResult struct {
+	// Deleted counts rows deleted from a plain events table.
+	Deleted int64
+	// PartitionsCreated and PartitionsDropped count day partitions.
+	PartitionsCreated, PartitionsDropped int
+}
+
+// Prune removes delivered events older than the retention window. An
+// undelivered event is never removed, whatever its age.
+//
+// On a plain events table it deletes in batches until none is left. On a
+// day-partitioned table (MigrateConfig.PartitionEventsByDay) it creates the
+// coming days' partitions and drops whole partitions that ended before the
+// window and hold no undelivered event. A Relay calls it every
+// RelayConfig.RetentionInterval; call it yourself only when running without
+// a relay or with retention disabled there.
+func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
+	c := PruneConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Schema == "" {
+		c.Schema = outbox.DefaultSchema
+	}
+	setDefault(&c.Retention, 7*24*time.Hour)
+	setDefault(&c.BatchSize, 10000)
+	setDefault(&c.DaysAhead, 7)
+	var res PruneResult
+	var partitioned bool
+	err := db.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)`,
+		pgx.Identifier{c.Schema, "events"}.Sanitize()).Scan(&partitioned)
+	if err != nil {
+		return res, fmt.Errorf("producer: prune: find events table in schema %q (did Migrate run?): %w", c.Schema, err)
+	}
+	cutoff := time.Now().Add(-c.Retention)
+	if partitioned {
+		if err := db.QueryRow(ctx, qualify(`SELECT {schema}.create_event_partitions($1)`, c.Schema), c.DaysAhead).Scan(&res.PartitionsCreated); err != nil {
+			return res, fmt.Errorf("producer: prune: create partitions: %w", err)
+		}
+		if err := db.QueryRow(ctx, qualify(`SELECT {schema}.drop_event_partitions($1)`, c.Schema), cutoff).Scan(&res.PartitionsDropped); err != nil {
+			return res, fmt.Errorf("producer: prune: drop partitions: %w", err)
+		}
+		return res, nil
+	}
+	// SKIP LOCKED lets two relays prune at once without waiting on each
+	// other; the published_at index finds the oldest delivered rows.
+	stmt := qualify(`
+DELETE FROM {schema}.events WHERE id IN (
+    SELECT id FROM {schema}.events
+    WHERE published_at IS NOT NULL AND published_at < $1
+    ORDER BY published_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)`, c.Schema)
+	for {
+		tag, err := db.Exec(ctx, stmt, cutoff, c.BatchSize)
+		if err != nil {
+			return res, fmt.Errorf("producer: prune: delete delivered events: %w", err)
+		}
+		res.Deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(c.BatchSize) {
+			return res, nil
+		}
+	}
+}

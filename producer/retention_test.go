@@ -1,0 +1,99 @@
+package producer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/producer"
+)
+
+func TestPrune(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	event := producer.Event{AggregateType: "order", AggregateID: "o", EventType: "e", Payload: []byte("x")}
+	write := func(t *testing.T, db *pgtest.DB, n int) []int64 {
+		t.Helper()
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		events := make([]producer.Event, n)
+		for i := range events {
+			events[i] = event
+		}
+		written, err := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}).Write(ctx, tx, events...)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		ids := make([]int64, n)
+		for i, w := range written {
+			ids[i] = w.ID
+		}
+		return ids
+	}
+	remaining := func(t *testing.T, db *pgtest.DB) []int64 {
+		t.Helper()
+		rows, err := db.Pool.Query(ctx, `SELECT id FROM `+db.Table("events")+` ORDER BY id`)
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return ids
+	}
+
+	t.Run("DeletesOnlyDeliveredRowsPastTheWindow", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		ids := write(t, db, 25)
+		// 0-19 delivered 10 days ago, 20-21 delivered just now, 22-24 never.
+		_, err := db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET published_at = now() - interval '10 days' WHERE id <= $1`, ids[19])
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET published_at = now() WHERE id IN ($1, $2)`, ids[20], ids[21])
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET created_at = now() - interval '30 days' WHERE id > $1`, ids[21])
+		require.NoError(t, err)
+
+		res, err := producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, BatchSize: 7})
+		require.NoError(t, err)
+		require.Equal(t, int64(20), res.Deleted, "three batches of seven, the last one short")
+		require.Equal(t, ids[20:], remaining(t, db))
+	})
+
+	t.Run("DropsOnlyOldPartitionsWithoutUndeliveredRows", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, &pgtest.Opts{PartitionEventsByDay: true})
+		res, err := producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, DaysAhead: 3})
+		require.NoError(t, err)
+		require.Equal(t, 4, res.PartitionsCreated, "today and three days ahead")
+
+		// Two old days: one fully delivered, one holding an undelivered row.
+		day := func(ago int) time.Time {
+			return time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -ago)
+		}
+		for _, ago := range []int{20, 21} {
+			name := "events_p" + day(ago).Format("20060102")
+			_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table(name)+` PARTITION OF `+db.Table("events")+
+				` FOR VALUES FROM ('`+day(ago).Format(time.RFC3339)+`') TO ('`+day(ago-1).Format(time.RFC3339)+`')`)
+			require.NoError(t, err)
+		}
+		ids := write(t, db, 3)
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET created_at = $2, published_at = CASE WHEN id = $3 THEN NULL ELSE now() END WHERE id = ANY($1)`,
+			ids[:2], day(21).Add(time.Hour), ids[1])
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET created_at = $2, published_at = now() WHERE id = $1`, ids[2], day(20).Add(time.Hour))
+		require.NoError(t, err)
+
+		res, err = producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, DaysAhead: 3})
+		require.NoError(t, err)
+		require.Equal(t, 1, res.PartitionsDropped)
+		require.Zero(t, res.PartitionsCreated)
+		var exists20, exists21 bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+			db.Table("events_p"+day(20).Format("20060102")), db.Table("events_p"+day(21).Format("20060102"))).Scan(&exists20, &exists21))
+		require.False(t, exists20, "the delivered day is dropped")
+		require.True(t, exists21, "the day with an undelivered event stays")
+		require.Equal(t, ids[:2], remaining(t, db))
+	})
+}
