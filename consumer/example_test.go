@@ -19,12 +19,12 @@ import (
 // duplicate is skipped and an early record waits for its predecessor.
 func ExampleHandle() {
 	ctx := context.Background()
-	db, cleanup, err := pgtest.NewStandalone(ctx, "")
+	db, closeDB, err := pgtest.Open(nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer cleanup()
+	defer func() { _ = closeDB() }()
 	shipments := pgx.Identifier{db.Schema, "shipments"}.Sanitize()
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+shipments+` (order_id text, step text)`); err != nil {
 		fmt.Println(err)
@@ -71,12 +71,12 @@ func ExampleHandle() {
 // the database commit.
 func ExampleNew() {
 	ctx := context.Background()
-	db, cleanup, err := pgtest.NewStandalone(ctx, "")
+	db, closeDB, err := pgtest.Open(nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer cleanup()
+	defer func() { _ = closeDB() }()
 	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
 	if err != nil {
 		fmt.Println(err)

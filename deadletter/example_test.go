@@ -15,12 +15,12 @@ import (
 // record or release the records parked behind it.
 func Example() {
 	ctx := context.Background()
-	db, cleanup, err := pgtest.NewStandalone(ctx, "")
+	db, closeDB, err := pgtest.Open(nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer cleanup()
+	defer func() { _ = closeDB() }()
 	store := deadletter.New(&deadletter.Config{Schema: db.Schema})
 	_, err = store.Put(ctx, db.Pool, &deadletter.Letter{
 		Consumer: "billing",

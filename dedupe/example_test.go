@@ -14,12 +14,12 @@ import (
 // transaction as the effect applies the effect once, without Kafka.
 func Example() {
 	ctx := context.Background()
-	db, cleanup, err := pgtest.NewStandalone(ctx, "")
+	db, closeDB, err := pgtest.Open(nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer cleanup()
+	defer func() { _ = closeDB() }()
 	_, err = db.Pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{db.Schema, "payments"}.Sanitize()+` (id text, amount int)`)
 	if err != nil {
 		fmt.Println(err)

@@ -15,12 +15,12 @@ import (
 // the same transaction.
 func Example() {
 	ctx := context.Background()
-	db, cleanup, err := pgtest.NewStandalone(ctx, "")
+	db, closeDB, err := pgtest.Open(nil)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer cleanup()
+	defer func() { _ = closeDB() }()
 	tracker, err := ordering.New("shipping", &ordering.Config{Schema: db.Schema})
 	if err != nil {
 		fmt.Println(err)
