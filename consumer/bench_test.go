@@ -23,6 +23,8 @@ import (
 //   - single: consumer.Process, one transaction per record with the key
 //     claim and the position move (target: at least 0.75x bare);
 //   - noseq: the same for records without a sequence (dedupe alone);
+//   - unpipelined: single, but through a Beginner that is not a pool, so
+//     BEGIN costs its own round trip (what pipelinedTx saves);
 //   - savepoints: 100 records per transaction with a savepoint per record
 //     around claim + move + handler, hand-written (what batch mode must not
 //     do);
@@ -63,7 +65,9 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 		}
 		return rs
 	}
-	var elapsed [5]time.Duration
+	var elapsed [6]time.Duration
+	nopipe, err := consumer.Handle(beginOnly{db.Pool}, "bench-nopipe", h, cfg)
+	require.NoError(b, err)
 	noseq, err := consumer.Handle(db.Pool, "bench-noseq", h, cfg)
 	require.NoError(b, err)
 	modes := []func(rs []*kgo.Record){
@@ -110,6 +114,12 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 				require.NoError(b, err)
 			}
 		},
+		func(rs []*kgo.Record) { // nopipe
+			for _, r := range rs {
+				_, err := nopipe.Process(ctx, r)
+				require.NoError(b, err)
+			}
+		},
 		func(rs []*kgo.Record) { // batch
 			for i := 0; i < len(rs); i += 100 {
 				res, err := batch.ProcessBatch(ctx, rs[i:i+100])
@@ -134,9 +144,14 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 	b.ReportMetric(rate(elapsed[0]), "bare_rec/s")
 	b.ReportMetric(rate(elapsed[1]), "single_rec/s")
 	b.ReportMetric(rate(elapsed[2]), "savepoint100_rec/s")
-	b.ReportMetric(rate(elapsed[4]), "batch100_rec/s")
+	b.ReportMetric(rate(elapsed[5]), "batch100_rec/s")
+	b.ReportMetric(rate(elapsed[4])/rate(elapsed[0]), "unpipelined/bare")
 	b.ReportMetric(rate(elapsed[3])/rate(elapsed[0]), "noseq/bare")
 	b.ReportMetric(rate(elapsed[1])/rate(elapsed[0]), "single/bare")
-	b.ReportMetric(rate(elapsed[4])/rate(elapsed[1]), "batch/single")
+	b.ReportMetric(rate(elapsed[5])/rate(elapsed[1]), "batch/single")
 	b.ReportMetric(0, "ns/op")
 }
+
+// beginOnly hides the pool's Acquire, as a Beginner that is not a pool
+// would.
+type beginOnly struct{ consumer.Beginner }

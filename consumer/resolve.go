@@ -39,7 +39,7 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 			return fmt.Errorf("consumer: replay %d: %w", id, err)
 		}
 		m.Attempt, m.Replayed = 1, true
-		r, ran, err := p.apply(ctx, tx, m, true)
+		r, ran, err := p.apply(ctx, tx, m, true, nil)
 		if err != nil {
 			return fmt.Errorf("consumer: replay %d: %w", id, err)
 		}
