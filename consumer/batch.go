@@ -2,18 +2,19 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox/ordering"
 )
 
 // ProcessBatch applies consecutive records of one partition (in offset
 // order) with the same results as calling Process for each, but, on the
-// happy path, in a single transaction: one multi-row claim of their keys,
-// one pipelined round trip that moves their aggregates' positions, the
-// handler for each, one commit.
+// happy path, in a single transaction: BEGIN and one multi-row claim of
+// their keys in one round trip, one statement that moves all their
+// aggregates' positions, the handler for each, one commit.
 //
 // The happy path takes no savepoint per record (savepoints cost more than
 // the records they protect). Instead, when anything is off the happy path
@@ -84,56 +85,81 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 		m.Attempt = 1
 		msgs[i], keys[i] = m, m.IdempotencyKey
 	}
-	tx, err := p.db.Begin(ctx)
-	if err != nil {
-		return nil, false, nil, nil, fmt.Errorf("consumer: begin: %w", err)
+
+	var (
+		tx        pgx.Tx
+		freshKeys []string
+	)
+	if pool, ok := p.db.(poolAcquirer); ok {
+		ptx, release, err := beginWith(ctx, pool, p.claimMany, []any{p.name, keys}, &freshKeys)
+		if err != nil {
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin and claim keys: %w", err))
+		}
+		defer release()
+		tx = ptx
+	} else {
+		var err error
+		if tx, err = p.db.Begin(ctx); err != nil {
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin: %w", err))
+		}
+		if err := tx.QueryRow(ctx, p.claimMany, p.name, keys).Scan(&freshKeys); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: claim keys: %w", err))
+		}
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	fresh, err := p.dedupe.ClaimMany(ctx, tx, keys)
-	if err != nil {
-		return nil, false, nil, nil, err
+	// A key repeated in the batch is fresh at its first place only.
+	fresh := make(map[string]bool, len(freshKeys))
+	for _, k := range freshKeys {
+		fresh[k] = true
 	}
-	res := make([]Result, len(recs))
-	var b pgx.Batch
-	var sequenced []int
+	type run struct{ first, last int64 }
+	var (
+		res   = make([]Result, len(recs))
+		runs  = map[ordering.Aggregate]*run{}
+		order []ordering.Aggregate
+	)
 	for i, m := range msgs {
-		if !fresh[i] {
+		if !fresh[m.IdempotencyKey] {
 			res[i] = Result{Outcome: Duplicate}
 			continue
 		}
+		delete(fresh, m.IdempotencyKey)
 		res[i] = Result{Outcome: Applied, Attempts: 1}
-		if m.HasSeq() {
-			sql, args := p.ordering.AdvanceSQL(m.aggregate(), m.Seq)
-			b.Queue(sql, args...)
-			sequenced = append(sequenced, i)
+		if !m.HasSeq() {
+			continue
+		}
+		agg := m.aggregate()
+		r := runs[agg]
+		switch {
+		case r == nil:
+			runs[agg] = &run{first: m.Seq, last: m.Seq}
+			order = append(order, agg)
+		case m.Seq == r.last+1:
+			r.last = m.Seq
+		default:
+			return nil, false, nil, nil, nil // a hole or a repeat: one by one
 		}
 	}
-	if len(sequenced) > 0 {
-		// All positions move in one round trip, in record order, before the
-		// handlers run: if every move is the hot path's "next in line", the
-		// handlers run in the same order as they would one by one.
-		br := tx.SendBatch(ctx, &b)
-		inLine := true
-		for range sequenced {
-			var parked int
-			err := br.QueryRow().Scan(&parked)
-			if errors.Is(err, pgx.ErrNoRows) || (err == nil && parked > 0) {
-				inLine = false
-				continue
-			}
-			if err != nil {
-				_ = br.Close()
-				return nil, false, nil, nil, fmt.Errorf("consumer: advance positions: %w", err)
-			}
+	if len(order) > 0 {
+		types, ids := make([]string, len(order)), make([]string, len(order))
+		firsts, lasts := make([]int64, len(order)), make([]int64, len(order))
+		for i, agg := range order {
+			types[i], ids[i], firsts[i], lasts[i] = agg.Type, agg.ID, runs[agg].first, runs[agg].last
 		}
-		if err := br.Close(); err != nil {
-			return nil, false, nil, nil, fmt.Errorf("consumer: advance positions: %w", err)
+		var moved, parked int64
+		err := tx.QueryRow(ctx, p.advanceMany, p.name, types, ids, firsts, lasts,
+			p.cfg.FirstSeen == ordering.FirstSeenBaseline).Scan(&moved, &parked)
+		if err != nil {
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: advance positions: %w", err))
 		}
-		if !inLine {
+		if moved != int64(len(order)) || parked > 0 {
 			return nil, false, nil, nil, nil
 		}
 	}
+	// Every position moved as one record at a time would have moved them,
+	// so the handlers run in the same order with the same verdicts.
 	for i, m := range msgs {
 		if res[i].Outcome != Applied {
 			continue

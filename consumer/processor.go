@@ -196,8 +196,9 @@ type Processor struct {
 	dead     *deadletter.Store
 	log      *slog.Logger
 	// claimAdvance is the hot path's one statement; see Handle. claimOnly
-	// is its counterpart for records without a sequence.
-	claimAdvance, claimOnly string
+	// is its counterpart for records without a sequence. claimMany and
+	// advanceMany are batch mode's; see ProcessBatch.
+	claimAdvance, claimOnly, claimMany, advanceMany string
 }
 
 // Handle returns a Processor that applies records for the consumer name
@@ -251,6 +252,35 @@ SELECT EXISTS (SELECT 1 FROM claim), (SELECT parked FROM up)`,
     INSERT INTO ` + schema + `.processed_keys (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM claim), NULL::integer`,
+		// One row with the keys that were fresh, so that it can travel in
+		// one pipeline with BEGIN like claimAdvance.
+		claimMany: `WITH claim AS (
+    INSERT INTO ` + schema + `.processed_keys (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k
+    ON CONFLICT DO NOTHING RETURNING key
+)
+SELECT coalesce(array_agg(key), '{}') FROM claim`,
+		// Every aggregate of a batch moves from first-1 to last in one
+		// statement (its records in the batch are first..last without a
+		// hole, checked before); aggregates never seen are created, at 1
+		// or, under FirstSeenBaseline ($6), anywhere. The count of rows
+		// moved or created must equal the number of aggregates, and no
+		// aggregate may have parked records to drain: otherwise batch mode
+		// falls back to one record at a time.
+		advanceMany: `WITH v AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS v (t, i, first, last)
+), up AS (
+    UPDATE ` + schema + `.positions AS p SET last_seq = v.last, updated_at = now()
+    FROM v
+    WHERE p.consumer = $1 AND p.aggregate_type = v.t AND p.aggregate_id = v.i AND p.last_seq = v.first - 1
+    RETURNING p.aggregate_type, p.aggregate_id, p.parked
+), ins AS (
+    INSERT INTO ` + schema + `.positions (consumer, aggregate_type, aggregate_id, last_seq)
+    SELECT $1, v.t, v.i, v.last FROM v
+    WHERE (v.first = 1 OR $6) AND NOT EXISTS (SELECT 1 FROM up WHERE up.aggregate_type = v.t AND up.aggregate_id = v.i)
+    ON CONFLICT DO NOTHING
+    RETURNING parked
+)
+SELECT count(*), coalesce(sum(parked), 0) FROM (SELECT parked FROM up UNION ALL SELECT parked FROM ins) AS moved`,
 	}, nil
 }
 
