@@ -17,25 +17,36 @@ import (
 func TestHandlerTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t, nil)
-	table := db.Table("tx_effects")
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+table+` (v text NOT NULL)`)
-	require.NoError(t, err)
-	count := func(t *testing.T) int {
+	type bundle struct {
+		db    *pgtest.DB
+		table string
+	}
+	setup := func(t *testing.T) *bundle {
+		t.Helper()
+		b := &bundle{db: pgtest.New(t, nil)}
+		b.table = b.db.Table("tx_effects")
+		_, err := b.db.Pool.Exec(ctx, `CREATE TABLE `+b.table+` (v text NOT NULL)`)
+		require.NoError(t, err)
+		return b
+	}
+	count := func(t *testing.T, b *bundle) int {
 		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table).Scan(&n))
 		return n
 	}
-	process := func(t *testing.T, h consumer.HandlerFunc, key string) (consumer.Result, error) {
-		p, err := consumer.Handle(db.Pool, "svc-"+key, h, fastConfig(db, 1))
+	process := func(t *testing.T, b *bundle, h consumer.HandlerFunc) (consumer.Result, error) {
+		p, err := consumer.Handle(b.db.Pool, "svc", h, fastConfig(b.db, 1))
 		require.NoError(t, err)
-		r := rec("o", 1, key)
+		r := rec("o", 1, "k")
 		r.Topic, r.Offset = "t", nextOffset.Add(1)
 		return p.Process(ctx, r)
 	}
 
 	t.Run("EverythingAPgxTxOffers", func(t *testing.T) {
-		res, err := process(t, func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+		t.Parallel()
+		b := setup(t)
+		db, table := b.db, b.table
+		res, err := process(t, b, func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
 			inner, err := tx.Begin(ctx)
 			if err != nil {
 				return err
@@ -69,35 +80,39 @@ func TestHandlerTransaction(t *testing.T) {
 			}
 			_, err = obj.Write([]byte("large"))
 			return err
-		}, "all")
+		})
 		require.NoError(t, err)
 		require.Equal(t, consumer.Applied, res.Outcome)
-		require.Equal(t, 2, count(t))
+		require.Equal(t, 2, count(t, b))
 	})
 
 	t.Run("HandlerErrorRollsBackEverything", func(t *testing.T) {
-		before := count(t)
-		res, err := process(t, func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+		t.Parallel()
+		b := setup(t)
+		table := b.table
+		res, err := process(t, b, func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ('never')`); err != nil {
 				return err
 			}
 			return consumer.Permanent(errors.New("no"))
-		}, "err")
+		})
 		require.NoError(t, err)
 		require.Equal(t, consumer.DeadLettered, res.Outcome)
-		require.Equal(t, before, count(t))
+		require.Zero(t, count(t, b))
 	})
 
 	t.Run("FailedStatementInHandlerRollsBack", func(t *testing.T) {
-		before := count(t)
-		res, err := process(t, func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+		t.Parallel()
+		b := setup(t)
+		table := b.table
+		res, err := process(t, b, func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
 			_, _ = tx.Exec(ctx, `INSERT INTO `+table+` VALUES ('x')`)
 			_, _ = tx.Exec(ctx, `SELECT 1/0`) // ignored error: the commit must not pretend
 			return nil
-		}, "abort")
+		})
 		require.NoError(t, err)
 		require.Equal(t, consumer.DeadLettered, res.Outcome)
 		require.ErrorIs(t, res.Err, pgx.ErrTxCommitRollback)
-		require.Equal(t, before, count(t))
+		require.Zero(t, count(t, b))
 	})
 }
