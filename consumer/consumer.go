@@ -37,7 +37,10 @@ func ClientOpts() []kgo.Opt {
 // committed: no record is processed by two members at once (unless this
 // member loses its partitions by missing the session timeout, in which case
 // dedupe still keeps effects single). A slow partition delays the next poll
-// of the others; keep handlers fast or use BatchSize.
+// of the others; keep handlers fast or use BatchSize. A record that is not
+// done (the database is down, or under ordering.GapFail its gap is open) is
+// retried with backoff without moving on, which holds the poll round and so
+// rebalances until it is done or ctx ends.
 type Consumer struct {
 	proc   *Processor
 	client *kgo.Client
