@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/dedupe"
+	"github.com/d419a114/outbox/internal/backoff"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -599,12 +599,7 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, att
 }
 
 func (p *Processor) backoff(attempt int) time.Duration {
-	d := p.cfg.MinBackoff << min(attempt-1, 30)
-	if d > p.cfg.MaxBackoff || d <= 0 {
-		d = p.cfg.MaxBackoff
-	}
-	// Full jitter on the upper half: retries of many partitions spread out.
-	return d/2 + rand.N(d/2+1)
+	return backoff.Policy{Min: p.cfg.MinBackoff, Max: p.cfg.MaxBackoff}.Delay(attempt)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
