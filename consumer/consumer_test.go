@@ -314,7 +314,7 @@ func TestConsumer(t *testing.T) {
 		db := pgtest.New(t, nil)
 		adm := kadm.NewClient(broker.Client(t))
 		mk := func(retention string) string {
-			name := "ret-" + retention
+			name := fmt.Sprintf("ret-%s-%d", retention, time.Now().UnixNano())
 			resp, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"retention.ms": &retention}, name)
 			require.NoError(t, err)
 			require.NoError(t, resp.Err)
