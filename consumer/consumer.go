@@ -79,13 +79,8 @@ func New(db Beginner, client *kgo.Client, name string, h Handler, cfg *Config) (
 // ResolveGap.
 func (c *Consumer) Processor() *Processor { return c.proc }
 
-// ShutdownGrace is how long Run lets records already in flight finish after
-// its context ends; after that their transactions are cancelled (rolled
-// back, offsets not committed, so they are redelivered).
-const ShutdownGrace = 10 * time.Second
-
 // Run consumes until ctx ends, then stops taking new records, lets the ones
-// in flight finish (up to ShutdownGrace), commits the offsets of everything
+// in flight finish (up to Config.ShutdownGrace), commits the offsets of everything
 // applied, and returns nil. It does not close the client. It returns
 // ErrClosed if the client was closed, and may be called once.
 func (c *Consumer) Run(ctx context.Context) error {
@@ -100,7 +95,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 
-	// work outlives ctx by ShutdownGrace, so that in-flight transactions
+	// work outlives ctx by Config.ShutdownGrace, so that in-flight transactions
 	// can commit after a shutdown was asked for.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
@@ -108,7 +103,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var graceMu sync.Mutex
 	stopAfter := context.AfterFunc(ctx, func() {
 		graceMu.Lock()
-		grace = time.AfterFunc(ShutdownGrace, cancelWork)
+		grace = time.AfterFunc(c.cfg.ShutdownGrace, cancelWork)
 		graceMu.Unlock()
 	})
 	defer func() {

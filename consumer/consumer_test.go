@@ -260,10 +260,20 @@ func TestConsumer(t *testing.T) {
 				noKey := &kgo.Record{Key: []byte("nokey"), Value: []byte("x")}
 				badSeq := rec("seq", 0, "seq")
 				badSeq.Headers = append(badSeq.Headers, kgo.RecordHeader{Key: "outbox-aggregate-seq", Value: []byte("x\xff")})
-				recs := append(stream(5, 50), rec("bad", 1, "bad-1"), rec("bad", 2, "bad-2"), huge, noKey, badSeq, rec("bad", 3, "bad-3"))
+				unknown := rec("xml", 0, "xml")
+				unknown.Headers = append(unknown.Headers, kgo.RecordHeader{Key: "content-type", Value: []byte("application/xml")})
+				recs := append(stream(5, 50), rec("bad", 1, "bad-1"), rec("bad", 2, "bad-2"), huge, noKey, badSeq, unknown, rec("bad", 3, "bad-3"))
 				recs = append(recs, stream(5, 60)[50:]...)
 				b.produce(t, recs...)
-				b.start(t, b.effects, cfg)
+				// The handler accepts JSON only: unknown content is its
+				// permanent error.
+				h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					if m.ContentType != "" && m.ContentType != "application/json" {
+						return consumer.Permanent(fmt.Errorf("unknown content type %q", m.ContentType))
+					}
+					return b.effects.Handle(ctx, tx, m)
+				})
+				b.start(t, h, cfg)
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == int64(len(recs)) })
 				rows, _ := b.effects.count(t)
 				require.Equal(t, 60, rows)
@@ -273,7 +283,8 @@ func TestConsumer(t *testing.T) {
 				for _, l := range letters {
 					reasons[string(l.Record.Key)] = l.Error
 				}
-				require.Len(t, reasons, 4)
+				require.Len(t, reasons, 5)
+				require.Contains(t, reasons["xml"], `unknown content type "application/xml"`)
 				require.Contains(t, reasons["bad"], "downstream broken")
 				require.Contains(t, reasons["big"], "exceeds Config.MaxValueBytes")
 				require.Contains(t, reasons["nokey"], "no idempotency key")

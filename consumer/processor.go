@@ -83,6 +83,10 @@ type Config struct {
 	// PruneInterval is how often the Consumer prunes expired keys. Default
 	// 1h; negative disables pruning.
 	PruneInterval time.Duration
+	// ShutdownGrace is how long the Consumer lets records in flight finish
+	// after its context ends; then their transactions are cancelled (rolled
+	// back, offsets not committed: they are redelivered). Default 10s.
+	ShutdownGrace time.Duration
 	// Logger receives the runtime's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -119,6 +123,9 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.PruneInterval == 0 {
 		out.PruneInterval = time.Hour
 	}
+	if out.ShutdownGrace == 0 {
+		out.ShutdownGrace = 10 * time.Second
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -135,6 +142,8 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, fmt.Errorf("consumer: BatchSize %d is below 1", out.BatchSize)
 	case out.MaxPollRecords < 1:
 		return out, fmt.Errorf("consumer: MaxPollRecords %d is below 1", out.MaxPollRecords)
+	case out.ShutdownGrace < 0:
+		return out, fmt.Errorf("consumer: negative ShutdownGrace %s", out.ShutdownGrace)
 	}
 	return out, nil
 }

@@ -32,6 +32,7 @@ func TestHandleConfig(t *testing.T) {
 		{"NegativeRetention", "svc", &consumer.Config{KeyRetention: -1}, "negative KeyRetention"},
 		{"NegativeReplayWindow", "svc", &consumer.Config{ReplayWindow: -1}, "negative ReplayWindow"},
 		{"ZeroBatch", "svc", &consumer.Config{BatchSize: -1}, "BatchSize"},
+		{"NegativeGrace", "svc", &consumer.Config{ShutdownGrace: -1}, "negative ShutdownGrace"},
 		{"UnknownGapPolicy", "svc", &consumer.Config{GapPolicy: 7}, "unknown gap policy"},
 	}
 	for _, tt := range tests {
