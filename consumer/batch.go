@@ -29,6 +29,19 @@ import (
 // ones after it are not done and must be processed again; the results
 // returned are those of the records before it.
 func (p *Processor) ProcessBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {
+	res, err := p.processBatch(ctx, recs)
+	if p.cfg.Hooks != nil {
+		for i, r := range res {
+			p.cfg.Hooks.OnRecord(ctx, recs[i], r, nil)
+		}
+		if err != nil && len(res) < len(recs) {
+			p.cfg.Hooks.OnRecord(ctx, recs[len(res)], Result{}, err)
+		}
+	}
+	return res, err
+}
+
+func (p *Processor) processBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {
 	if len(recs) == 0 {
 		return nil, nil
 	}
@@ -61,7 +74,7 @@ func (p *Processor) fallback(ctx context.Context, recs []*kgo.Record, failed *Me
 			failed.Attempt = 0
 			res, err = p.processAfter(ctx, failed, ferr)
 		} else {
-			res, err = p.Process(ctx, r)
+			res, err = p.processRecord(ctx, r)
 		}
 		if err != nil {
 			return out, err

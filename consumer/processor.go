@@ -87,8 +87,21 @@ type Config struct {
 	// after its context ends; then their transactions are cancelled (rolled
 	// back, offsets not committed: they are redelivered). Default 10s.
 	ShutdownGrace time.Duration
+	// Hooks observes every record's outcome, for metrics and tracing
+	// adapters. Default nil.
+	Hooks Hooks
 	// Logger receives the runtime's logs. Default slog.Default().
 	Logger *slog.Logger
+}
+
+// Hooks observes processing, so that metrics and tracing live in adapters
+// and the core imports neither. Implementations must be safe for
+// concurrent use and fast: they run on the partition's goroutine.
+type Hooks interface {
+	// OnRecord is called once per record that Process or ProcessBatch is
+	// done with (err nil; res says how: applied, duplicate, parked,
+	// dead-lettered) or hands back undone (err not nil).
+	OnRecord(ctx context.Context, rec *kgo.Record, res Result, err error)
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -316,6 +329,14 @@ func (p *Processor) DeadLetters() *deadletter.Store { return p.dead }
 // table in a transaction of its own, and its aggregate's later records are
 // parked behind it.
 func (p *Processor) Process(ctx context.Context, rec *kgo.Record) (Result, error) {
+	res, err := p.processRecord(ctx, rec)
+	if p.cfg.Hooks != nil {
+		p.cfg.Hooks.OnRecord(ctx, rec, res, err)
+	}
+	return res, err
+}
+
+func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result, error) {
 	m, err := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 	if err != nil {
 		return p.deadLetter(ctx, m, err, 0)
