@@ -36,10 +36,12 @@ CREATE TABLE IF NOT EXISTS events (
 -- rows, so its size tracks the backlog, not the history.
 CREATE INDEX IF NOT EXISTS events_undelivered ON events (id) WHERE published_at IS NULL;
 
--- Rows that failed at least once hold back the later events of their
--- aggregate. Almost always empty, so the claim's anti-join on it is cheap.
-CREATE INDEX IF NOT EXISTS events_failed ON events (aggregate_type, aggregate_id, id)
-    WHERE published_at IS NULL AND attempts > 0;
+-- Rows that failed at least once, or are leased to a relay right now, hold
+-- back the later events of their aggregate until they are delivered. The
+-- index holds only those rows (a batch in flight and the failures), so the
+-- claim's probe into it costs next to nothing.
+CREATE INDEX IF NOT EXISTS events_blocking ON events (aggregate_type, aggregate_id, id)
+    WHERE published_at IS NULL AND (attempts > 0 OR leased_until IS NOT NULL);
 
 -- Retention deletes delivered rows by age.
 CREATE INDEX IF NOT EXISTS events_published ON events (published_at) WHERE published_at IS NOT NULL;
@@ -91,13 +93,14 @@ CREATE TABLE relays (
 -- NOTIFY takes a database-wide lock at commit that serialises every
 -- notifying transaction. This trigger runs at commit (deferred) and notifies
 -- only while some relay says it is idle; a busy relay finds new rows on its
--- next claim anyway. The channel name carries the schema so that several
--- outbox schemas in one database wake only their own relays.
+-- next claim anyway. The channel name carries a hash of the schema, so that
+-- several outbox schemas in one database wake only their own relays and a
+-- long schema name cannot overflow the 63-byte channel limit.
 CREATE FUNCTION wake_relay() RETURNS trigger LANGUAGE plpgsql
 SET search_path FROM CURRENT AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM relays WHERE idle_until > now()) THEN
-        PERFORM pg_notify(left(TG_TABLE_SCHEMA, 48) || '.outbox_events', '');
+        PERFORM pg_notify('outbox_' || left(md5(TG_TABLE_SCHEMA), 16), '');
     END IF;
     RETURN NULL;
 END

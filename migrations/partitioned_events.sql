@@ -33,7 +33,10 @@ CREATE TABLE events (
 CREATE TABLE events_default PARTITION OF events DEFAULT;
 
 -- create_event_partitions makes the partitions for today and the next
--- days_ahead days (UTC) and returns how many it created.
+-- days_ahead days (UTC) and returns how many it created. A day whose rows
+-- already sit in the default partition (written while nobody created
+-- partitions) is skipped with a notice: creating it would fail, and its
+-- rows stay where they are until retention deletes them.
 CREATE FUNCTION create_event_partitions(days_ahead integer) RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -44,6 +47,12 @@ BEGIN
     FOR i IN 0..days_ahead LOOP
         name := 'events_p' || to_char(day + i, 'YYYYMMDD');
         IF to_regclass(quote_ident(current_schema()) || '.' || quote_ident(name)) IS NULL THEN
+            IF EXISTS (SELECT 1 FROM events_default
+                       WHERE created_at >= ((day + i)::timestamp AT TIME ZONE 'UTC')
+                         AND created_at < ((day + i + 1)::timestamp AT TIME ZONE 'UTC')) THEN
+                RAISE NOTICE 'outbox: day % has rows in events_default; not partitioned', day + i;
+                CONTINUE;
+            END IF;
             EXECUTE format('CREATE TABLE %I PARTITION OF events FOR VALUES FROM (%L) TO (%L)',
                            name,
                            ((day + i)::timestamp AT TIME ZONE 'UTC'),
@@ -58,7 +67,10 @@ $$;
 -- drop_event_partitions drops the day partitions that end before cutoff and
 -- hold no undelivered event, and returns how many it dropped. A partition
 -- with an undelivered row is kept whatever its age: retention never loses an
--- event that is still owed to the broker.
+-- event that is still owed to the broker. Each partition is locked before
+-- it is checked, so a row replayed into it meanwhile cannot be dropped
+-- with it; lock_timeout keeps a long transaction from queueing writers
+-- behind the DROP (the next run tries again).
 CREATE FUNCTION drop_event_partitions(cutoff timestamptz) RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -66,6 +78,7 @@ DECLARE
     pending boolean;
     dropped integer := 0;
 BEGIN
+    PERFORM set_config('lock_timeout', '2s', true);
     FOR part IN
         SELECT c.relname
         FROM pg_inherits i
@@ -75,6 +88,7 @@ BEGIN
           AND (to_date(substr(c.relname, 9), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC' <= cutoff
         ORDER BY c.relname
     LOOP
+        EXECUTE format('LOCK TABLE events, %I IN ACCESS EXCLUSIVE MODE', part.relname);
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE published_at IS NULL)', part.relname) INTO pending;
         IF NOT pending THEN
             EXECUTE format('DROP TABLE %I', part.relname);
@@ -84,3 +98,7 @@ BEGIN
     RETURN dropped;
 END
 $$;
+
+-- The first week of partitions, so that rows written before the first
+-- retention run do not land in the default partition.
+SELECT create_event_partitions(7);

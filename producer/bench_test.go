@@ -26,22 +26,31 @@ import (
 // wake-up check), at 1 and 16 connections. Ratios of commits/s between
 // sub-benchmarks of one run are what to compare; absolute numbers depend on
 // the machine. The wake-up variants: no relay registered; a relay that says
-// it is idle (every commit notifies); a busy relay (no commit notifies).
+// it is idle (every commit notifies); a busy relay (no commit notifies); a
+// real relay publishing to kfake meanwhile (it notifies as the relay goes
+// idle and busy).
 //
 //	go test -run '^$' -bench Write -benchtime 3s ./producer
 func BenchmarkWrite(b *testing.B) {
 	for _, conns := range []int{1, 16} {
-		for _, mode := range []string{"bare", "write", "write+idle-relay", "write+busy-relay", "write-notrigger"} {
+		for _, mode := range []string{"bare", "write", "write+idle-relay", "write+busy-relay", "write+running-relay"} {
 			b.Run(fmt.Sprintf("conns=%d/%s", conns, mode), func(b *testing.B) {
-				db := pgtest.New(b, &pgtest.Opts{MaxConns: int32(conns)})
+				db := pgtest.New(b, &pgtest.Opts{MaxConns: int32(conns) + 4})
 				ctx := context.Background()
 				_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("orders")+` (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, cents bigint NOT NULL)`)
 				require.NoError(b, err)
 				switch mode {
 				case "write+idle-relay":
 					_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('bench', now() + interval '1 hour')`)
-				case "write-notrigger":
-					_, err = db.Pool.Exec(ctx, `ALTER TABLE `+db.Table("events")+` DISABLE TRIGGER events_wake_relay`)
+				case "write+running-relay":
+					broker := kafkatest.New(b)
+					topic := broker.Topic(b, 8)
+					relay, rerr := producer.NewRelay(db.Pool, broker.Client(b), &producer.RelayConfig{Schema: db.Schema, Topic: topic, Logger: slog.New(slog.DiscardHandler)})
+					require.NoError(b, rerr)
+					runCtx, stop := context.WithCancel(ctx)
+					done := make(chan error, 1)
+					go func() { done <- relay.Run(runCtx) }()
+					b.Cleanup(func() { stop(); <-done })
 				case "write+busy-relay":
 					_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('bench', NULL)`)
 				}

@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"hash/fnv"
@@ -17,7 +18,11 @@ import (
 const numBuckets = 64
 
 // bucketExpr maps an event row to its bucket; it must agree everywhere.
-const bucketExpr = `((bucket_hash % 64) + 64) % 64`
+// bucketExprE is the same for a query that calls the table e.
+const (
+	bucketExpr  = `((bucket_hash % 64) + 64) % 64`
+	bucketExprE = `((e.bucket_hash % 64) + 64) % 64`
+)
 
 func schemaLockKey(schema string) int32 {
 	h := fnv.New32a()
@@ -82,7 +87,7 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 			give = append(give, b)
 		}
 		if _, err := o.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, b) FROM unnest($2::int[]) AS b`, o.r.lockKey, give); err != nil {
-			o.reset(ctx)
+			o.dropAll(ctx) // which locks are still held is unknown: end the session
 			return err
 		}
 		for _, b := range give {
@@ -104,13 +109,14 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 		// Without ORDER BY the function scan yields the array in order and
 		// the LIMIT stops it, so no more locks are taken than wanted.
 		rows, err := o.conn.Query(ctx, `SELECT b FROM unnest($2::int[]) AS b WHERE pg_try_advisory_lock($1, b) LIMIT $3`, o.r.lockKey, free, want)
-		if err != nil {
-			o.reset(ctx)
-			return err
+		var taken []int32
+		if err == nil {
+			taken, err = pgx.CollectRows(rows, pgx.RowTo[int32])
 		}
-		taken, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 		if err != nil {
-			o.reset(ctx)
+			// Some locks may have been taken without our knowing which: end
+			// the session so that none is held unaccounted for.
+			o.dropAll(ctx)
 			return err
 		}
 		if len(taken) > 0 {
@@ -145,12 +151,12 @@ func (o *bucketOwner) refreshFences(ctx context.Context) error {
 			busy := map[int32]time.Time{}
 			for rows.Next() {
 				var b int32
-				var until time.Time
-				if err := rows.Scan(&b, &until); err != nil {
+				var seconds float64
+				if err := rows.Scan(&b, &seconds); err != nil {
 					rows.Close()
 					return err
 				}
-				busy[b] = until
+				busy[b] = time.Now().Add(time.Duration(seconds * float64(time.Second)))
 			}
 			if err := rows.Err(); err != nil {
 				o.reset(ctx)
@@ -202,7 +208,7 @@ func (o *bucketOwner) claim(ctx context.Context) ([]*claimedEvent, error) {
 		o.reset(ctx)
 		return nil, err
 	}
-	slices.SortFunc(batch, func(a, b *claimedEvent) int { return int(a.id - b.id) })
+	slices.SortFunc(batch, func(a, b *claimedEvent) int { return cmp.Compare(a.id, b.id) })
 	return batch, nil
 }
 

@@ -94,7 +94,12 @@ LIMIT $4`, d.schema), o.Status, o.AggregateType, o.AggregateID, o.Limit)
 // Replay puts a dead event back into the outbox under its original id, with
 // its attempts reset, so the relay publishes it next and then the events of
 // its aggregate that waited behind it, in order. Fix the cause first (grow
-// max.message.bytes, create the topic, grant the ACL).
+// max.message.bytes, create the topic, grant the ACL); an event that fails
+// again goes back to the dead events.
+//
+// The event keeps its original creation time, so until it is delivered
+// Health.OldestUndelivered reports its age. Under SkipDead its successors
+// went out long ago, so it reaches consumers after them.
 func (d *DeadEvents) Replay(ctx context.Context, id int64) error {
 	tag, err := d.db.Exec(ctx, qualify(`
 WITH revived AS (

@@ -9,8 +9,9 @@ import (
 	"github.com/d419a114/outbox"
 )
 
-// Event is one event to write. AggregateType, AggregateID, EventType and
-// Payload are required; the rest is optional.
+// Event is one event to write. AggregateType, AggregateID and EventType are
+// required; the rest is optional (a nil Payload is published as an empty
+// value).
 type Event struct {
 	// AggregateType is the kind of entity the event is about, such as "order".
 	AggregateType string

@@ -110,6 +110,31 @@ func (b *bundle) startRelay(t *testing.T, cfg *producer.RelayConfig, opts ...kgo
 	return stop
 }
 
+// failUpdates makes the first n statements that update column of the
+// events table fail, as if the database went away at that moment, and
+// returns a function that counts the statements seen so far. A sequence
+// counts them because nextval survives the rollback.
+func (b *bundle) failUpdates(t *testing.T, column string, n int) (seen func() int64) {
+	t.Helper()
+	ctx := context.Background()
+	counter, fn := b.db.Table("updates_of_"+column), b.db.Table("fail_updates_of_"+column)
+	_, err := b.db.Pool.Exec(ctx, `
+CREATE SEQUENCE `+counter+`;
+CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('`+counter+`') <= `+strconv.Itoa(n)+` THEN RAISE EXCEPTION 'injected failure'; END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER fail_updates AFTER UPDATE OF `+column+` ON `+b.db.Table("events")+`
+    FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`();`)
+	require.NoError(t, err)
+	return func() int64 {
+		var v int64
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM `+counter).Scan(&v))
+		return v
+	}
+}
+
 func (b *bundle) undelivered(t testing.TB) int {
 	t.Helper()
 	var n int

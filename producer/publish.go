@@ -32,6 +32,9 @@ type claimedEvent struct {
 	createdAt         time.Time
 	attempts          int
 	permanentFailures int
+	// leasedUntil is the lease the claim set; the batch's rows share it, and
+	// settle touches only rows that still carry it.
+	leasedUntil time.Time
 }
 
 const claimedColumns = `e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggregate_id,
@@ -42,7 +45,7 @@ func scanClaimed(row pgx.CollectableRow) (*claimedEvent, error) {
 	e := &claimedEvent{}
 	err := row.Scan(&e.id, &e.eventID, &e.idempotencyKey, &e.aggregateType, &e.aggregateID,
 		&e.seq, &e.eventType, &e.topic, &e.contentType, &e.payload, &e.headers,
-		&e.createdAt, &e.attempts, &e.permanentFailures)
+		&e.createdAt, &e.attempts, &e.permanentFailures, &e.leasedUntil)
 	return e, err
 }
 
@@ -50,7 +53,14 @@ func scanClaimed(row pgx.CollectableRow) (*claimedEvent, error) {
 // event of their aggregate was not acknowledged (or went to another topic).
 var errHeldBack = errors.New("held back behind an earlier event of its aggregate")
 
-// publish sends the batch and waits for every acknowledgement; results[i]
+// outcome is what the broker said about one event of a batch.
+type outcome struct {
+	err       error
+	topic     string
+	partition int32
+}
+
+// publish sends the batch and waits for every acknowledgement; out[i].err
 // is nil when batch[i] was acknowledged.
 //
 // All sent records are in flight at once. That keeps per-aggregate order
@@ -59,25 +69,26 @@ var errHeldBack = errors.New("held back behind an earlier event of its aggregate
 // fails, so seq n+1 cannot land unless seq n did. That argument holds only
 // within one topic: when an aggregate's events in the batch change topic,
 // the rest of that aggregate waits for the next batch.
-func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []error {
+func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []outcome {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
-	results := make([]error, len(batch))
+	out := make([]outcome, len(batch))
 	topicOf := map[[2]string]string{}
 	var wg sync.WaitGroup
 	for i, e := range batch {
 		topic := r.topicFor(e)
+		out[i] = outcome{topic: topic, partition: -1}
 		agg := [2]string{e.aggregateType, e.aggregateID}
 		if first, seen := topicOf[agg]; !seen {
 			topicOf[agg] = topic
 		} else if first != topic {
-			results[i] = errHeldBack
+			out[i].err = errHeldBack
 			topicOf[agg] = "\x00" // hold the rest of this aggregate too
 			continue
 		}
 		wg.Add(1)
-		r.client.Produce(ctx, r.record(e, topic), func(_ *kgo.Record, err error) {
-			results[i] = err
+		r.client.Produce(ctx, r.record(e, topic), func(rec *kgo.Record, err error) {
+			out[i].err, out[i].partition = err, rec.Partition
 			wg.Done()
 		})
 	}
@@ -85,7 +96,7 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []error {
 	// waits for this batch anyway, so lingering only adds latency.
 	_ = r.client.Flush(ctx)
 	wg.Wait()
-	return results
+	return out
 }
 
 func (r *Relay) topicFor(e *claimedEvent) string {
@@ -146,39 +157,67 @@ type failure struct {
 	delay     time.Duration
 }
 
-// settle records a published batch's outcome in one transaction: the
-// acknowledged rows are marked delivered; per aggregate, the first
-// unacknowledged row gets its attempt counted and a backoff, and the rows
-// behind it just lose their lease (they were not the cause). Rows whose
-// permanent failures reached MaxAttempts move to the dead events.
-func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []error) error {
+// settle records a published batch's outcome; see settleOnce. A failure is
+// retried for up to half the lease: after that the rows' lease is what
+// keeps their aggregates on hold until they are claimed again, in order.
+func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []outcome) error {
+	deadline := time.Now().Add(r.cfg.Lease / 2)
+	for attempt := 1; ; attempt++ {
+		err := r.settleOnce(ctx, batch, results, attempt == 1)
+		if err == nil {
+			return nil
+		}
+		delay := r.retry.Delay(attempt)
+		if time.Now().Add(delay).After(deadline) {
+			return err
+		}
+		r.log.WarnContext(ctx, "relay: record publish outcome, will retry", slog.String("error", err.Error()))
+		time.Sleep(delay)
+	}
+}
+
+// settleOnce records the outcome in one transaction. Acknowledged rows are
+// marked delivered. Per aggregate, the first unacknowledged row has its
+// attempt counted and a backoff set, and the rows behind it just lose their
+// lease: they were not the cause. Per partition, likewise, only the first
+// failed row is charged: when one record fails, the client fails every
+// record buffered behind it on that partition with the same error, and a
+// poison event must not count against healthy aggregates that share its
+// partition. Rows whose permanent failures reached MaxAttempts move to the
+// dead events.
+func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results []outcome, logFailures bool) error {
 	var delivered, released []int64
 	var failed []failure
 	blocked := map[[2]string]bool{}
+	charged := map[[2]string]bool{}
 	for i, e := range batch {
 		agg := [2]string{e.aggregateType, e.aggregateID}
-		err := results[i]
+		res := results[i]
+		part := [2]string{res.topic, strconv.Itoa(int(res.partition))}
 		switch {
-		case err == nil:
+		case res.err == nil:
 			// Acknowledged, so it is on the topic whatever happened before
 			// it; marking it avoids publishing it twice.
 			delivered = append(delivered, e.id)
-		case blocked[agg] || errors.Is(err, errHeldBack):
+		case blocked[agg] || errors.Is(res.err, errHeldBack) || (res.partition >= 0 && charged[part]):
 			blocked[agg] = true
 			released = append(released, e.id)
 		default:
 			blocked[agg] = true
-			f := failure{id: e.id, permanent: !retryable(err), err: err.Error()}
+			charged[part] = true
+			f := failure{id: e.id, permanent: !retryable(res.err), err: res.err.Error()}
 			f.delay = r.retry.Delay(e.attempts + 1)
 			failed = append(failed, f)
-			level := slog.LevelWarn
-			r.log.Log(ctx, level, "relay: publish failed, will retry",
-				slog.Int64("event_id", e.id), slog.String("aggregate_type", e.aggregateType),
-				slog.String("aggregate_id", e.aggregateID), slog.Int64("seq", e.seq),
-				slog.Bool("permanent", f.permanent), slog.Int("attempts", e.attempts+1),
-				slog.Duration("backoff", f.delay), slog.String("error", f.err))
+			if logFailures {
+				r.log.WarnContext(ctx, "relay: publish failed",
+					slog.Int64("event_id", e.id), slog.String("aggregate_type", e.aggregateType),
+					slog.String("aggregate_id", e.aggregateID), slog.Int64("seq", e.seq),
+					slog.Bool("permanent", f.permanent), slog.Int("attempts", e.attempts+1),
+					slog.Duration("backoff", f.delay), slog.String("error", f.err))
+			}
 		}
 	}
+	lease := batch[0].leasedUntil
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
 	defer cancel()
 	tx, err := r.pool.Begin(ctx)
@@ -191,7 +230,7 @@ func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []err
 		b.Queue(r.sql.markDelivered, delivered)
 	}
 	if len(released) > 0 {
-		b.Queue(r.sql.release, released)
+		b.Queue(r.sql.release, released, lease)
 	}
 	var deadRows []deadMove
 	if len(failed) > 0 {
@@ -205,7 +244,7 @@ func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []err
 				perm[i] = 1
 			}
 		}
-		b.Queue(r.sql.recordFailures, ids, perm, msgs, delays)
+		b.Queue(r.sql.recordFailures, ids, perm, msgs, delays, lease)
 		b.Queue(r.sql.moveDead, ids, int32(r.cfg.MaxAttempts), r.cfg.OnDead == HoldAggregate).Query(func(rows pgx.Rows) error {
 			var err error
 			deadRows, err = pgx.CollectRows(rows, pgx.RowToStructByPos[deadMove])

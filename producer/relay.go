@@ -71,7 +71,8 @@ type RelayConfig struct {
 	RelayID string
 	// RebalanceInterval is how often the relay renews its heartbeat and
 	// rebalances buckets with the other instances. An instance that dies
-	// without a clean stop is noticed after three intervals. Default 2s.
+	// without a clean stop is noticed after three intervals. Give every
+	// instance of one schema the same value. Default 2s.
 	RebalanceInterval time.Duration
 	// Retention is how long delivered events are kept before they are
 	// pruned; negative disables pruning. Default 7 days.
@@ -111,7 +112,14 @@ type Relay struct {
 // publishes through client. The client must keep idempotent writes (the
 // default): the relay relies on them for per-partition order across
 // retries. Records are keyed by aggregate id, so keep a key-hashing
-// partitioner (the default).
+// partitioner (the default). The relay flushes the client after each
+// batch; a client shared with other producers has their records flushed
+// too.
+//
+// A topic that does not exist is a retryable error to Kafka: its events
+// are retried with backoff until it is created (the age alert on
+// Health.OldestUndelivered fires meanwhile), and only their own
+// aggregates wait.
 func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay, error) {
 	if pool == nil {
 		return nil, errors.New("producer: NewRelay needs a pool; got nil")
@@ -139,6 +147,18 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 	setDefault(&c.RebalanceInterval, 2*time.Second)
 	setDefault(&c.Retention, 7*24*time.Hour)
 	setDefault(&c.RetentionInterval, time.Minute)
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"PollInterval", c.PollInterval}, {"Lease", c.Lease}, {"PublishTimeout", c.PublishTimeout}, {"MinBackoff", c.MinBackoff},
+		{"MaxBackoff", c.MaxBackoff}, {"RebalanceInterval", c.RebalanceInterval}, {"RetentionInterval", c.RetentionInterval}} {
+		if d.v < 0 {
+			return nil, fmt.Errorf("producer: %s is negative (%s); leave it zero for the default", d.name, d.v)
+		}
+	}
+	if c.BatchSize < 0 || c.MaxAttempts < 0 {
+		return nil, fmt.Errorf("producer: BatchSize (%d) and MaxAttempts (%d) must not be negative; leave them zero for the defaults", c.BatchSize, c.MaxAttempts)
+	}
 	if c.Lease <= c.PublishTimeout {
 		return nil, fmt.Errorf("producer: Lease (%s) must exceed PublishTimeout (%s), or another instance could take over events still being published", c.Lease, c.PublishTimeout)
 	}
@@ -192,13 +212,25 @@ func (r *Relay) Run(ctx context.Context) error {
 		<-listenerDone
 	}()
 
+	if r.cfg.Retention > 0 {
+		pruneDone := make(chan struct{})
+		go func() {
+			defer close(pruneDone)
+			r.prune(lctx)
+		}()
+		defer func() {
+			stopListener()
+			<-pruneDone
+		}()
+	}
+
 	owner := newBucketOwner(r)
 	defer owner.close()
 
 	var (
 		idle          bool
+		settling      int
 		nextRebalance time.Time
-		nextPrune     = time.Now()
 		failures      int
 	)
 	for ctx.Err() == nil {
@@ -207,12 +239,6 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.logError(ctx, "relay: rebalance buckets, will retry", err)
 			}
 			nextRebalance = now.Add(r.cfg.RebalanceInterval)
-		}
-		if r.cfg.Retention > 0 && !time.Now().Before(nextPrune) {
-			if _, err := Prune(ctx, r.pool, &PruneConfig{Schema: r.cfg.Schema, Retention: r.cfg.Retention}); err != nil {
-				r.logError(ctx, "relay: prune delivered events, will retry", err)
-			}
-			nextPrune = time.Now().Add(r.cfg.RetentionInterval)
 		}
 
 		n, err := r.cycle(ctx, owner)
@@ -225,7 +251,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case n > 0:
 			failures = 0
-			if idle && n >= busyThreshold {
+			if idle {
+				// Found work: writers may stop notifying, since the relay
+				// claims again straight after this batch.
 				idle = false
 				if err := owner.setIdle(ctx, false); err != nil {
 					r.logError(ctx, "relay: clear idle flag", err)
@@ -236,11 +264,19 @@ func (r *Relay) Run(ctx context.Context) error {
 		failures = 0
 		if !idle {
 			// Going idle: say so, so that writers start to notify, and then
-			// look once more, for rows committed before the flag was
-			// visible to their commit-time trigger.
+			// look once more right away and once after idleSettle, for rows
+			// whose commit-time trigger ran before the flag was visible and
+			// whose commit itself became visible only after that first look.
 			idle = true
 			if err := owner.setIdle(ctx, true); err != nil {
 				r.logError(ctx, "relay: set idle flag", err)
+			}
+			settling = 2
+		}
+		if settling > 0 {
+			settling--
+			if settling == 0 {
+				r.sleep(ctx, wake, idleSettle)
 			}
 			continue
 		}
@@ -252,11 +288,30 @@ func (r *Relay) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// busyThreshold is the batch size from which the relay counts as busy and
-// stops asking writers for wake-ups: NOTIFY serialises committing
-// transactions database-wide, and a relay that finds this much work per
-// claim loops straight into its next claim anyway.
-const busyThreshold = 32
+// idleSettle is how long after going idle the relay looks for work one
+// last time before it sleeps until notified. It covers writers whose
+// commit-time trigger read the flag just before it was set and whose commit
+// was still being flushed at the relay's immediate second look: a commit
+// takes well under this. A write missed even so waits one PollInterval.
+const idleSettle = 10 * time.Millisecond
+
+// prune runs Prune every RetentionInterval until ctx ends, apart from the
+// publishing loop so that a long prune never delays delivery.
+func (r *Relay) prune(ctx context.Context) {
+	for {
+		res, err := Prune(ctx, r.pool, &PruneConfig{Schema: r.cfg.Schema, Retention: r.cfg.Retention})
+		if err != nil {
+			r.logError(ctx, "relay: prune delivered events, will retry", err)
+		} else if res != (PruneResult{}) {
+			r.log.InfoContext(ctx, "relay: pruned delivered events", slog.Int64("deleted", res.Deleted),
+				slog.Int("partitions_created", res.PartitionsCreated), slog.Int("partitions_dropped", res.PartitionsDropped))
+		}
+		r.sleep(ctx, nil, r.cfg.RetentionInterval)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
 
 // sleep waits for a wake-up, the timeout or the end of ctx.
 func (r *Relay) sleep(ctx context.Context, wake <-chan struct{}, d time.Duration) {
@@ -283,9 +338,11 @@ func (r *Relay) cycle(ctx context.Context, owner *bucketOwner) (int, error) {
 	finish := context.WithoutCancel(ctx)
 	results := r.publish(finish, batch)
 	if err := r.settle(finish, batch, results); err != nil {
-		// The rows keep their lease; when it ends they are claimed again and
-		// published a second time, which at-least-once allows.
-		r.logError(ctx, "relay: record publish outcome; rows will be retried when their lease ends", err)
+		// The rows keep their lease, which holds back their aggregates'
+		// later events; when it ends they are claimed again, in order, and
+		// the acknowledged ones published a second time, which
+		// at-least-once allows.
+		r.logError(ctx, "relay: gave up recording a batch's outcome; its rows will be retried when their lease ends", err)
 	}
 	return len(batch), nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -92,10 +93,35 @@ func TestRelay(t *testing.T) {
 		}
 	})
 
+	t.Run("ListenerReconnects", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 1)
+		b.startRelay(t, &producer.RelayConfig{PollInterval: time.Hour, RebalanceInterval: time.Hour, MinBackoff: 10 * time.Millisecond})
+		listener := func() int {
+			var pid int
+			_ = b.db.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'`, b.appName).Scan(&pid)
+			return pid
+		}
+		waitFor(t, 30*time.Second, "a listening session", func() bool { return listener() != 0 })
+		old := listener()
+		_, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old)
+		require.NoError(t, err)
+		waitFor(t, 30*time.Second, "a new listening session", func() bool { pid := listener(); return pid != 0 && pid != old })
+		waitFor(t, 30*time.Second, "relay idle", func() bool {
+			var idle bool
+			_ = b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.db.Table("relays")+` WHERE idle_until > now())`).Scan(&idle)
+			return idle
+		})
+		// With an hour-long poll, only the new session's notification can
+		// bring this event out in time.
+		b.write(t, b.event("a"))
+		b.waitDelivered(t, 20*time.Second)
+	})
+
 	t.Run("PollCoversALostNotification", func(t *testing.T) {
 		t.Parallel()
 		b := newBundle(t, 1)
-		b.startRelay(t, &producer.RelayConfig{PollInterval: 100 * time.Millisecond})
+		b.startRelay(t, &producer.RelayConfig{PollInterval: 100 * time.Millisecond, RebalanceInterval: time.Hour})
 		// With the wake-up trigger off, every notification is lost.
 		_, err := b.db.Pool.Exec(ctx, `ALTER TABLE `+b.db.Table("events")+` DISABLE TRIGGER events_wake_relay`)
 		require.NoError(t, err)
@@ -154,6 +180,31 @@ func TestRelay(t *testing.T) {
 		records := b.broker.Records(t, b.topic, total, 60*time.Second)
 		ids := checkOrder(t, records)
 		require.Len(t, ids, total, "every event on the topic at least once")
+	})
+
+	t.Run("FailedMarkRepublishesAfterTheLease", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 2)
+		// The first four attempts to mark rows delivered fail, as if the
+		// database went away between the broker's ack and the mark: more
+		// than the relay retries within half a lease. A sequence counts
+		// them: nextval survives the rollback.
+		marks := b.failUpdates(t, "published_at", 4)
+		var events []producer.Event
+		for i := range 20 {
+			events = append(events, b.event(aggName(i%5)))
+		}
+		b.write(t, events...)
+		b.startRelay(t, &producer.RelayConfig{Lease: 300 * time.Millisecond, PublishTimeout: 200 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+			MinBackoff: 60 * time.Millisecond, MaxBackoff: 60 * time.Millisecond})
+		b.waitDelivered(t, 30*time.Second)
+		require.Equal(t, int64(5), marks(), "four failed marks, then one that held")
+		// A batch whose outcome could not be recorded stayed leased and was
+		// published again after the lease: duplicates, in order, nothing
+		// lost.
+		records := b.broker.Records(t, b.topic, 40, 30*time.Second)
+		require.GreaterOrEqual(t, len(records), 40, "published again after giving up")
+		require.Len(t, checkOrder(t, records), 20)
 	})
 
 	t.Run("BrokerFaultsRetryWithoutLossOrReorder", func(t *testing.T) {
@@ -235,8 +286,79 @@ func TestRelay(t *testing.T) {
 		require.ErrorIs(t, dead.Replay(ctx, list[0].ID), producer.ErrNotDead)
 		b.waitDelivered(t, 30*time.Second)
 
-		records := append(b.broker.Records(t, poisonTopic, 1, 30*time.Second), b.broker.Records(t, b.topic, 6, 30*time.Second)...)
-		checkOrder(t, records)
+		// The aggregate's events span two topics, so their order shows in
+		// when each was acknowledged and marked, not in one topic.
+		require.Equal(t, []int64{1, 2, 3, 4}, publishOrder(t, b, "sick"))
+		require.Len(t, b.broker.Records(t, poisonTopic, 1, 30*time.Second), 1)
+	})
+
+	t.Run("HeldEventsNeverCrowdOutOtherAggregates", func(t *testing.T) {
+		t.Parallel()
+		b := newFaultBundle(t, 2)
+		poisonTopic := b.broker.Topic(t, 1)
+		b.broker.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: poisonTopic, Err: kerr.MessageTooLarge, Count: -1})
+		poison := b.event("sick")
+		poison.Topic = poisonTopic
+		b.write(t, poison)
+		var held []producer.Event
+		for range 25 {
+			held = append(held, b.event("sick"))
+		}
+		b.write(t, held...)
+		b.startRelay(t, &producer.RelayConfig{BatchSize: 10, MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+		waitFor(t, 30*time.Second, "the poison event dead", func() bool {
+			h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
+			require.NoError(t, err)
+			return h.Dead == 1
+		})
+		// More held events than a batch holds sit at the front of the id
+		// order; a healthy aggregate written after them still goes out.
+		b.write(t, b.event("healthy"))
+		waitFor(t, 30*time.Second, "the healthy aggregate delivered", func() bool { return b.undelivered(t) == 25 })
+	})
+
+	t.Run("ReplayedEventThatDiesAgainGoesBackToDead", func(t *testing.T) {
+		t.Parallel()
+		b := newFaultBundle(t, 1)
+		poisonTopic := b.broker.Topic(t, 1)
+		b.broker.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: poisonTopic, Err: kerr.MessageTooLarge, Count: -1})
+		poison := b.event("sick")
+		poison.Topic = poisonTopic
+		b.write(t, poison, b.event("sick"))
+		b.startRelay(t, &producer.RelayConfig{MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+		dead := producer.NewDeadEvents(b.db.Pool, b.db.Schema)
+		deadOnes := func() []producer.DeadEvent {
+			list, err := dead.List(ctx, &producer.ListOpts{Status: "dead"})
+			require.NoError(t, err)
+			return list
+		}
+		waitFor(t, 30*time.Second, "the poison event dead", func() bool { return len(deadOnes()) == 1 })
+		id := deadOnes()[0].ID
+		require.NoError(t, dead.Replay(ctx, id)) // without fixing the cause
+		waitFor(t, 30*time.Second, "the replayed event dead again", func() bool { return len(deadOnes()) == 1 })
+		require.Equal(t, id, deadOnes()[0].ID)
+		require.Equal(t, 1, b.undelivered(t), "its successor is still held")
+	})
+
+	t.Run("UnrecordedFailureStillHoldsTheAggregate", func(t *testing.T) {
+		t.Parallel()
+		b := newFaultBundle(t, 1)
+		poisonTopic := b.broker.Topic(t, 1)
+		// The first publish to the poison topic fails, and recording that
+		// failure fails too, for longer than the relay retries: the row is
+		// left leased with no attempt counted.
+		b.broker.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: poisonTopic, Err: kerr.MessageTooLarge})
+		records := b.failUpdates(t, "attempts", 100)
+		b.startRelay(t, &producer.RelayConfig{Lease: 300 * time.Millisecond, PublishTimeout: 200 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+			MinBackoff: 60 * time.Millisecond, MaxBackoff: 60 * time.Millisecond})
+		first := b.event("k")
+		first.Topic = poisonTopic
+		b.write(t, first)
+		waitFor(t, 30*time.Second, "recording the failure to fail", func() bool { return records() >= 1 })
+		// seq 2 commits while seq 1 is leased but unacknowledged.
+		b.write(t, b.event("k"))
+		b.waitDelivered(t, 30*time.Second)
+		require.Equal(t, []int64{1, 2}, publishOrder(t, b, "k"))
 	})
 
 	t.Run("SkipDeadReleasesTheAggregate", func(t *testing.T) {
@@ -297,6 +419,18 @@ func TestRelay(t *testing.T) {
 		records := b.broker.Records(t, b.topic, int(written.Load()), 60*time.Second)
 		require.Len(t, checkOrder(t, records), int(written.Load()))
 	})
+}
+
+// publishOrder returns the aggregate's sequence numbers in the order they
+// were marked delivered, which follows the order of acknowledgements.
+func publishOrder(t *testing.T, b *bundle, aggregateID string) []int64 {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT aggregate_seq FROM `+b.db.Table("events")+
+		` WHERE aggregate_id = $1 AND published_at IS NOT NULL ORDER BY published_at, aggregate_seq`, aggregateID)
+	require.NoError(t, err)
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return seqs
 }
 
 // errConnDropped, returned from a kfake control function, makes the fake

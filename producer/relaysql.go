@@ -14,7 +14,7 @@ func newRelaySQL(schema string) relaySQL {
 		setIdle:        qualify(setIdleSQL, schema),
 		leave:          qualify(`DELETE FROM {schema}.relays WHERE relay_id = $1`, schema),
 		markDelivered:  qualify(markDeliveredSQL, schema),
-		release:        qualify(`UPDATE {schema}.events SET leased_until = NULL WHERE id = ANY($1::bigint[]) AND published_at IS NULL`, schema),
+		release:        qualify(`UPDATE {schema}.events SET leased_until = NULL WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND leased_until = $2`, schema),
 		recordFailures: qualify(recordFailuresSQL, schema),
 		moveDead:       qualify(moveDeadSQL, schema),
 	}
@@ -27,40 +27,52 @@ func newRelaySQL(schema string) relaySQL {
 // never waits. The row locks last only for this statement: the lease in
 // leased_until is what reserves the rows while they are published.
 //
-// A candidate is left out when an earlier undelivered row of its aggregate
-// failed and is not in this batch (it is waiting out its backoff), or when
-// its aggregate has a held dead event: either way, publishing it would put
-// a later event on the wire before an earlier one. The failed-rows index is
-// almost always empty, so these anti-joins cost next to nothing.
+// A row is not a candidate while an earlier undelivered row of its
+// aggregate is waiting out a backoff or is leased (in flight, or left by a
+// relay that could not record its outcome), or while its aggregate has a
+// held dead event: publishing it would put a later event on the wire before
+// an earlier one. These exclusions come before the LIMIT, so held rows
+// never crowd healthy aggregates out of a batch. Both probes go to small
+// indexes (events_blocking, dead_events_held) that are almost always empty.
+//
+// The second check catches an earlier row that SKIP LOCKED passed over
+// because another transaction held it: it is not in this batch, so nothing
+// after it may be either.
 const claimSQL = `
 WITH candidates AS (
-    SELECT id, aggregate_type, aggregate_id
-    FROM {schema}.events
-    WHERE published_at IS NULL
-      AND next_attempt_at <= now()
-      AND (leased_until IS NULL OR leased_until < now())
-      AND ` + bucketExpr + ` = ANY($1::int[])
-    ORDER BY id
+    SELECT e.id, e.aggregate_type, e.aggregate_id
+    FROM {schema}.events e
+    WHERE e.published_at IS NULL
+      AND e.next_attempt_at <= now()
+      AND (e.leased_until IS NULL OR e.leased_until < now())
+      AND ` + bucketExprE + ` = ANY($1::int[])
+      AND NOT EXISTS (
+            SELECT 1 FROM {schema}.events f
+            WHERE f.published_at IS NULL AND (f.attempts > 0 OR f.leased_until IS NOT NULL)
+              AND f.aggregate_type = e.aggregate_type AND f.aggregate_id = e.aggregate_id
+              AND f.id < e.id
+              AND (f.next_attempt_at > now() OR f.leased_until >= now()))
+      AND NOT EXISTS (
+            SELECT 1 FROM {schema}.dead_events d
+            WHERE d.status = 'dead' AND d.hold
+              AND d.aggregate_type = e.aggregate_type AND d.aggregate_id = e.aggregate_id)
+    ORDER BY e.id
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF e SKIP LOCKED
 ), ready AS (
     SELECT c.id FROM candidates c
     WHERE NOT EXISTS (
             SELECT 1 FROM {schema}.events f
-            WHERE f.published_at IS NULL AND f.attempts > 0
+            WHERE f.published_at IS NULL AND (f.attempts > 0 OR f.leased_until IS NOT NULL)
               AND f.aggregate_type = c.aggregate_type AND f.aggregate_id = c.aggregate_id
               AND f.id < c.id
               AND f.id NOT IN (SELECT id FROM candidates))
-      AND NOT EXISTS (
-            SELECT 1 FROM {schema}.dead_events d
-            WHERE d.status = 'dead' AND d.hold
-              AND d.aggregate_type = c.aggregate_type AND d.aggregate_id = c.aggregate_id)
 )
 UPDATE {schema}.events e
 SET leased_until = now() + $3 * interval '1 millisecond'
 FROM ready
 WHERE e.id = ready.id
-RETURNING ` + claimedColumns
+RETURNING ` + claimedColumns + `, e.leased_until`
 
 // heartbeatSQL renews this instance's row and counts the live instances;
 // rows dead for ten times the staleness are swept here too.
@@ -76,9 +88,10 @@ SELECT 1 + count(*) FROM {schema}.relays
 WHERE heartbeat_at > now() - $4 * interval '1 millisecond' AND relay_id <> $1`
 
 // leasedBucketsSQL finds buckets that still have rows leased to an earlier
-// owner, and when the last lease ends.
+// owner, and in how many seconds the last lease ends (computed by the
+// server, so clock skew between hosts does not matter).
 const leasedBucketsSQL = `
-SELECT ` + bucketExpr + ` AS bucket, max(leased_until)
+SELECT ` + bucketExpr + ` AS bucket, extract(epoch FROM max(leased_until) - now())::float8
 FROM {schema}.events
 WHERE published_at IS NULL AND leased_until > now() AND ` + bucketExpr + ` = ANY($1::int[])
 GROUP BY 1`
@@ -92,6 +105,12 @@ WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
 
 // recordFailuresSQL counts an attempt on each failed row and schedules its
 // retry; permanent errors also count towards the dead-event cap.
+//
+// Like release and moveDead, it touches only rows still under this batch's
+// lease ($5, the lease the claim set): a relay whose lease ran out while it
+// waited for the broker must not undo what a newer claim of the same rows
+// did. Marking delivered needs no such check: an acknowledged event is on
+// the wire whoever claimed it last.
 const recordFailuresSQL = `
 UPDATE {schema}.events e
 SET attempts = e.attempts + 1,
@@ -100,14 +119,17 @@ SET attempts = e.attempts + 1,
     next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
     leased_until = NULL
 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[]) AS f(id, permanent, error, delay_ms)
-WHERE e.id = f.id AND e.published_at IS NULL`
+WHERE e.id = f.id AND e.published_at IS NULL AND e.leased_until = $5`
 
 // moveDeadSQL moves rows that reached the cap out of events, keeping every
-// column and the last error, so the event can be replayed as it was.
+// column and the last error, so the event can be replayed as it was. It
+// runs right after recordFailuresSQL in the same transaction, which cleared
+// the lease of exactly the rows this batch still held.
 const moveDeadSQL = `
 WITH gone AS (
     DELETE FROM {schema}.events
     WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND permanent_failures >= $2
+      AND leased_until IS NULL
     RETURNING *
 )
 INSERT INTO {schema}.dead_events (id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
@@ -117,4 +139,8 @@ SELECT id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_se
        event_type, topic, content_type, payload, headers, created_at,
        attempts, coalesce(last_error, ''), $3
 FROM gone
+-- An event replayed earlier that dies again takes its old row back.
+ON CONFLICT (id) DO UPDATE SET
+    attempts = excluded.attempts, last_error = excluded.last_error, hold = excluded.hold,
+    status = 'dead', died_at = now(), resolved_at = NULL
 RETURNING id, aggregate_type, aggregate_id, aggregate_seq, last_error`

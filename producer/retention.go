@@ -58,6 +58,9 @@ func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
 	if c.Schema == "" {
 		c.Schema = outbox.DefaultSchema
 	}
+	if c.Retention < 0 || c.BatchSize < 0 || c.DaysAhead < 0 {
+		return PruneResult{}, fmt.Errorf("producer: prune: Retention (%s), BatchSize (%d) and DaysAhead (%d) must not be negative", c.Retention, c.BatchSize, c.DaysAhead)
+	}
 	setDefault(&c.Retention, 7*24*time.Hour)
 	setDefault(&c.BatchSize, 10000)
 	setDefault(&c.DaysAhead, 7)
@@ -69,6 +72,7 @@ func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
 		return res, fmt.Errorf("producer: prune: find events table in schema %q (did Migrate run?): %w", c.Schema, err)
 	}
 	cutoff := time.Now().Add(-c.Retention)
+	table := "events"
 	if partitioned {
 		if err := db.QueryRow(ctx, qualify(`SELECT {schema}.create_event_partitions($1)`, c.Schema), c.DaysAhead).Scan(&res.PartitionsCreated); err != nil {
 			return res, fmt.Errorf("producer: prune: create partitions: %w", err)
@@ -76,13 +80,14 @@ func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
 		if err := db.QueryRow(ctx, qualify(`SELECT {schema}.drop_event_partitions($1)`, c.Schema), cutoff).Scan(&res.PartitionsDropped); err != nil {
 			return res, fmt.Errorf("producer: prune: drop partitions: %w", err)
 		}
-		return res, nil
+		// Rows that landed in the default partition are deleted row by row.
+		table = "events_default"
 	}
 	// SKIP LOCKED lets two relays prune at once without waiting on each
 	// other; the published_at index finds the oldest delivered rows.
 	stmt := qualify(`
-DELETE FROM {schema}.events WHERE id IN (
-    SELECT id FROM {schema}.events
+DELETE FROM {schema}.`+table+` WHERE id IN (
+    SELECT id FROM {schema}.`+table+`
     WHERE published_at IS NOT NULL AND published_at < $1
     ORDER BY published_at
     LIMIT $2

@@ -64,9 +64,14 @@ func TestPrune(t *testing.T) {
 	t.Run("DropsOnlyOldPartitionsWithoutUndeliveredRows", func(t *testing.T) {
 		t.Parallel()
 		db := pgtest.New(t, &pgtest.Opts{PartitionEventsByDay: true})
+		// Migrate created a week of partitions, so rows written before the
+		// first prune do not land in the default partition.
 		res, err := producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, DaysAhead: 3})
 		require.NoError(t, err)
-		require.Equal(t, 4, res.PartitionsCreated, "today and three days ahead")
+		require.Zero(t, res.PartitionsCreated)
+		res, err = producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, DaysAhead: 9})
+		require.NoError(t, err)
+		require.Equal(t, 2, res.PartitionsCreated, "days 8 and 9 ahead")
 
 		// Two old days: one fully delivered, one holding an undelivered row.
 		day := func(ago int) time.Time {
@@ -85,6 +90,10 @@ func TestPrune(t *testing.T) {
 		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET created_at = $2, published_at = now() WHERE id = $1`, ids[2], day(20).Add(time.Hour))
 		require.NoError(t, err)
 
+		var inDefault int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("events_default")).Scan(&inDefault))
+		require.Zero(t, inDefault)
+
 		res, err = producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, DaysAhead: 3})
 		require.NoError(t, err)
 		require.Equal(t, 1, res.PartitionsDropped)
@@ -95,5 +104,34 @@ func TestPrune(t *testing.T) {
 		require.False(t, exists20, "the delivered day is dropped")
 		require.True(t, exists21, "the day with an undelivered event stays")
 		require.Equal(t, ids[:2], remaining(t, db))
+	})
+
+	t.Run("DefaultPartitionRowsArePrunedAndItsDaysSkipped", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, &pgtest.Opts{PartitionEventsByDay: true})
+		// A day nobody created a partition for: its rows go to the default
+		// partition, and creating that day later must not fail.
+		far := time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, 12).Add(time.Hour)
+		old := time.Now().UTC().AddDate(0, 0, -30)
+		ids := write(t, db, 3)
+		_, err := db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET created_at = $2 WHERE id = $1`, ids[0], far)
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET created_at = $2, published_at = $2 WHERE id = ANY($1)`, ids[1:], old)
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET published_at = NULL WHERE id = $1`, ids[2])
+		require.NoError(t, err)
+
+		res, err := producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, DaysAhead: 14})
+		require.NoError(t, err)
+		require.Equal(t, 6, res.PartitionsCreated, "days 8 to 14 ahead, less the one with default rows")
+		require.Equal(t, int64(1), res.Deleted, "the delivered old row in the default partition")
+		require.Equal(t, []int64{ids[0], ids[2]}, remaining(t, db))
+	})
+
+	t.Run("RefusesNegativeRetention", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		_, err := producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, Retention: -time.Hour})
+		require.ErrorContains(t, err, "must not be negative")
 	})
 }

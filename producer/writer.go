@@ -21,7 +21,10 @@ type WriterConfig struct {
 	// Schema holds the outbox tables. Default outbox.DefaultSchema.
 	Schema string
 	// MaxPayloadBytes refuses larger payloads before anything is written.
-	// Keep it at or under the topic's max.message.bytes. Default
+	// Keep it under what the relay can send: the topic's max.message.bytes
+	// and the client's kgo.ProducerBatchMaxBytes (franz-go's default is
+	// 1,000,012 bytes, a little under the 1 MiB default here), less room
+	// for headers; an event over them goes to the dead events. Default
 	// DefaultMaxPayloadBytes (1 MiB).
 	MaxPayloadBytes int
 }
@@ -116,7 +119,10 @@ RETURNING id, event_id::text, aggregate_seq`
 // Each aggregate's events get consecutive sequence numbers continuing from
 // its last committed one. The sequence row stays locked until tx ends, so a
 // concurrent writer of the same aggregate waits; keep such transactions
-// short.
+// short. One call locks its aggregates in a fixed order, but two calls in
+// one transaction lock in call order: two transactions that each write
+// aggregates A and B in opposite orders can deadlock (PostgreSQL then
+// aborts one). Write all of a transaction's events in one call to avoid it.
 //
 // Invalid input is refused with a *ValidationError before anything is sent
 // to the database. A nil tx returns ErrNoTx; a finished one returns an error

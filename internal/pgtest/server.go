@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 )
 
 // Server is a PostgreSQL server the tests of one process share.
@@ -54,13 +55,22 @@ func Shared() (*Server, error) {
 	return shared, sharedErr
 }
 
-// Main runs the package's tests and then stops the throwaway cluster, if one
-// was started. Call it from TestMain.
+// Main runs the package's tests, stops the throwaway cluster if one was
+// started, and then fails the run if the tests left goroutines behind.
+// Call it from TestMain.
 func Main(m interface{ Run() int }) {
+	before := goleak.IgnoreCurrent()
 	code := m.Run()
 	if shared != nil {
 		if err := shared.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest:", err)
+			code = 1
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(before); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
+			code = 1
 		}
 	}
 	os.Exit(code)
