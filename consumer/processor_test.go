@@ -292,8 +292,8 @@ func TestProcessor(t *testing.T) {
 			effects []string
 			letters []string
 		}
-		run := func(batch int) state {
-			p, e, db := setup(t, batch, nil)
+		run := func(batch int, first ordering.FirstSeenPolicy) state {
+			p, e, db := setup(t, batch, func(c *consumer.Config) { c.FirstSeen = first })
 			e.setFail("p", consumer.Permanent(errBroken))
 			processAll(t, p, batch, stream()...)
 			rows, err := db.Pool.Query(ctx, `SELECT aggregate || ':' || seq FROM `+e.table+` ORDER BY n`)
@@ -312,10 +312,12 @@ func TestProcessor(t *testing.T) {
 			}
 			return s
 		}
-		single, batch := run(1), run(16)
-		require.NotEmpty(t, single.effects)
-		require.Equal(t, single, batch)
-		require.Len(t, single.letters, 2)
+		for _, first := range []ordering.FirstSeenPolicy{ordering.FirstSeenStrict, ordering.FirstSeenBaseline} {
+			single, batch := run(1, first), run(16, first)
+			require.NotEmpty(t, single.effects)
+			require.Equal(t, single, batch)
+			require.Len(t, single.letters, 2)
+		}
 	})
 }
 
