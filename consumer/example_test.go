@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -137,4 +138,64 @@ func ExampleNew() {
 	// evt-1: payload 0
 	// evt-2: payload 1
 	// run: <nil>
+}
+
+// A record whose handler keeps failing is dead-lettered and holds its
+// aggregate; once the cause is fixed, Replay applies it once and releases
+// the records parked behind it, in order.
+func ExampleProcessor_Replay() {
+	ctx := context.Background()
+	db, closeDB, err := pgtest.Open(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() { _ = closeDB() }()
+
+	broken := true
+	p, err := consumer.Handle(db.Pool, "invoicing", consumer.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if broken {
+				return errors.New("tax service unavailable")
+			}
+			fmt.Printf("applied %s seq %d\n", m.AggregateID, m.Seq)
+			return nil
+		}), &consumer.Config{Schema: db.Schema, MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Logger: quietLogger})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	record := func(offset, seq int64) *kgo.Record {
+		return &kgo.Record{Topic: "orders", Offset: offset, Key: []byte("o-7"), Headers: []kgo.RecordHeader{
+			{Key: outbox.HeaderEventID, Value: []byte(fmt.Sprint("evt-", seq))},
+			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
+			{Key: outbox.HeaderAggregateSeq, Value: []byte(fmt.Sprint(seq))},
+		}}
+	}
+	var letter int64
+	for i, seq := range []int64{1, 2} {
+		res, err := p.Process(ctx, record(int64(i), seq))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("seq %d: %s after %d attempts\n", seq, res.Outcome, res.Attempts)
+		if res.Outcome == consumer.DeadLettered {
+			letter = res.DeadLetterID
+		}
+	}
+
+	broken = false
+	res, err := p.Replay(ctx, letter)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("replay: %s, drained %d\n", res.Outcome, res.Drained)
+	// Output:
+	// seq 1: dead_lettered after 2 attempts
+	// seq 2: parked after 0 attempts
+	// applied o-7 seq 1
+	// applied o-7 seq 2
+	// replay: applied, drained 1
 }
