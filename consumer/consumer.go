@@ -115,10 +115,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		graceMu.Unlock()
 	}()
 
+	// The pruner stops when Run returns, whatever the reason.
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	pruneCtx, stopPrune := context.WithCancel(ctx)
+	defer stopPrune()
 	if c.cfg.PruneInterval > 0 {
-		wg.Go(func() { c.pruneLoop(ctx) })
+		wg.Go(func() { c.pruneLoop(pruneCtx) })
 	}
 
 	for {

@@ -380,3 +380,20 @@ func (g *guard) violations() []error {
 	defer g.mu.Unlock()
 	return append([]error(nil), g.errs...)
 }
+
+// Run returns ErrClosed, and leaves nothing running, when its client is
+// closed under it; and a second Run is refused.
+func TestRunWithClosedClient(t *testing.T) {
+	t.Parallel()
+	b := newGroupBundle(t, 1)
+	cl := b.client(t, b.group)
+	c, err := consumer.New(b.db.Pool, cl, "svc", b.effects, fastConfig(b.db, 1))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background()) }()
+	b.produce(t, rec("o", 1, "k"))
+	eventually.True(t, 30*time.Second, func() bool { rows, _ := b.effects.count(t); return rows == 1 })
+	cl.Close()
+	require.ErrorIs(t, <-done, consumer.ErrClosed)
+	require.ErrorIs(t, c.Run(context.Background()), consumer.ErrClosed)
+}
