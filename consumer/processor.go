@@ -260,15 +260,29 @@ func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, 
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	res, ran, err := p.apply(ctx, tx, m, true, pre)
 	if err != nil {
-		return Result{}, ran, err
+		return Result{}, ran, connectionLost(tx, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// A commit can fail because of the handler's deferred constraints
 		// or because the connection broke; either way the record is tried
 		// again and dedupe sorts out a commit that did land.
-		return Result{}, ran, fmt.Errorf("consumer: commit: %w", err)
+		return Result{}, ran, connectionLost(tx, fmt.Errorf("consumer: commit: %w", err))
 	}
 	return res, ran, nil
+}
+
+// connectionLost turns an error that came with the loss of tx's connection
+// (the server restarted, the network failed) into an infrastructure error:
+// it says nothing about the record, which must not be dead-lettered for it.
+func connectionLost(tx pgx.Tx, err error) error {
+	var ie *infraError
+	if errors.As(err, &ie) {
+		return err
+	}
+	if tx.Conn().IsClosed() {
+		return infra(err)
+	}
+	return err
 }
 
 // claimed is the outcome of the hot path's first statement: whether the key
