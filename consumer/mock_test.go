@@ -78,6 +78,26 @@ func TestDatabaseFaults(t *testing.T) {
 		require.Zero(t, letters)
 	})
 
+	// The handler's connection dies under it (the server restarted, the
+	// network failed): not the record's fault, so no dead letter.
+	t.Run("LostConnectionIsNotTheRecordsFault", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, _ *consumer.Message) error {
+			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+			return err
+		})
+		p, err := consumer.Handle(db.Pool, "svc", h, fastConfig(db, 1))
+		require.NoError(t, err)
+		r := rec("o", 1, "k")
+		r.Topic, r.Offset = "orders", nextOffset.Add(1)
+		_, err = p.Process(ctx, r)
+		require.Error(t, err)
+		var letters int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("dead_letters")).Scan(&letters))
+		require.Zero(t, letters)
+	})
+
 	for _, mode := range modes {
 		t.Run("RunnerWaitsForTheDatabase"+mode.name, func(t *testing.T) {
 			t.Parallel()
