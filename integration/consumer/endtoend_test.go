@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/consumer"
@@ -42,6 +43,30 @@ func broker(t *testing.T) *kafkatest.Broker {
 	return b
 }
 
+// topic creates a topic, retrying while the broker is unreachable: the
+// integration suite's other package restarts the shared real broker, and go
+// test runs packages at the same time.
+func topic(t *testing.T, b *kafkatest.Broker, partitions int32) string {
+	t.Helper()
+	name := fmt.Sprintf("consumer-%d", time.Now().UnixNano())
+	adm := kadm.NewClient(b.Client(t))
+	var last error
+	eventually.True(t, 2*time.Minute, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := adm.CreateTopic(ctx, partitions, 1, nil, name)
+		if err == nil {
+			err = resp.Err
+		}
+		if errors.Is(err, kerr.TopicAlreadyExists) {
+			err = nil
+		}
+		last = err
+		return err == nil
+	}, "create topic", &last)
+	return name
+}
+
 // TestWriterRelayConsumer writes events for a set of aggregates, publishes
 // them with a relay, publishes every record a second time (as a relay that
 // crashed after sending and before marking would), and consumes with two
@@ -58,7 +83,7 @@ func TestWriterRelayConsumer(t *testing.T) {
 			defer cancel()
 			db := pgtest.New(t, &pgtest.Opts{MaxConns: 20})
 			b := broker(t)
-			topic := b.Topic(t, 4)
+			topic := topic(t, b, 4)
 			_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("effects")+` (
 				n bigint GENERATED ALWAYS AS IDENTITY, event_id text NOT NULL, aggregate text NOT NULL, seq bigint NOT NULL)`)
 			require.NoError(t, err)

@@ -31,7 +31,7 @@ func TestDatabaseRestart(t *testing.T) {
 			defer cancel()
 			db := pgtest.New(t, &pgtest.Opts{MaxConns: 10})
 			b := broker(t)
-			topic := b.Topic(t, 3)
+			topic := topic(t, b, 3)
 			_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("effects")+` (
 				n bigint GENERATED ALWAYS AS IDENTITY, event_id text NOT NULL, aggregate text NOT NULL, seq bigint NOT NULL)`)
 			require.NoError(t, err)
