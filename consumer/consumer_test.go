@@ -397,3 +397,21 @@ func TestRunWithClosedClient(t *testing.T) {
 	require.ErrorIs(t, <-done, consumer.ErrClosed)
 	require.ErrorIs(t, c.Run(context.Background()), consumer.ErrClosed)
 }
+
+// The runner prunes processed keys past KeyRetention in the background.
+func TestRunnerPrunesExpiredKeys(t *testing.T) {
+	t.Parallel()
+	b := newGroupBundle(t, 1)
+	cfg := fastConfig(b.db, 1)
+	cfg.KeyRetention, cfg.PruneInterval = time.Millisecond, 10*time.Millisecond
+	b.produce(t, stream(2, 10)...)
+	r := b.start(t, b.effects, cfg)
+	keys := func() int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.db.Table("processed_keys")).Scan(&n))
+		return n
+	}
+	eventually.True(t, 30*time.Second, func() bool { rows, _ := b.effects.count(t); return rows == 10 })
+	eventually.True(t, 30*time.Second, func() bool { return keys() == 0 })
+	r.stop(t)
+}
