@@ -228,11 +228,10 @@ func (t *Tracker) Consumer() string { return t.consumer }
 // Policy returns the gap policy.
 func (t *Tracker) Policy() GapPolicy { return t.cfg.GapPolicy }
 
-// AdvanceSQL returns the hot-path statement and its arguments for a record
-// of agg at seq, for callers that queue it in a pgx.Batch: a row (the
-// parked count) means InOrder and the position moved; no row means the
-// record needs Check.
-func (t *Tracker) AdvanceSQL(agg Aggregate, seq int64) (string, []any) {
+// advanceSQL returns the hot-path statement and its arguments for a record
+// of agg at seq: a row (the parked count) means InOrder and the position
+// moved; no row means the slow path must classify the record.
+func (t *Tracker) advanceSQL(agg Aggregate, seq int64) (string, []any) {
 	return t.sql.advance, []any{t.consumer, agg.Type, agg.ID, seq, t.cfg.FirstSeen == FirstSeenBaseline}
 }
 
@@ -245,7 +244,7 @@ func (t *Tracker) Check(ctx context.Context, tx Querier, agg Aggregate, seq int6
 		return Check{}, fmt.Errorf("ordering: sequence %d of %s is below 1", seq, agg)
 	}
 	for range 2 {
-		sql, args := t.AdvanceSQL(agg, seq)
+		sql, args := t.advanceSQL(agg, seq)
 		var parked int
 		err := tx.QueryRow(ctx, sql, args...).Scan(&parked)
 		if err == nil {
