@@ -1,0 +1,194 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox/ordering"
+)
+
+// ProcessBatch applies consecutive records of one partition (in offset
+// order) with the same results as calling Process for each, but, on the
+// happy path, in a single transaction: BEGIN and one multi-row claim of
+// their keys in one round trip, one statement that moves all their
+// aggregates' positions, the handler for each, one commit.
+//
+// The happy path takes no savepoint per record (savepoints cost more than
+// the records they protect). Instead, when anything is off the happy path
+// (a handler error or panic, a gap, a duplicate sequence, parked successors
+// to drain, a malformed record, a failed commit), the whole transaction is
+// rolled back and the batch is run again record by record through Process,
+// which retries, parks and dead-letters each record alone. Duplicate keys
+// stay on the happy path: they are simply skipped.
+//
+// Results are per record, in order. A non-nil error has the same meaning
+// as Process's for the first record without a result: that record and the
+// ones after it are not done and must be processed again; the results
+// returned are those of the records before it.
+func (p *Processor) ProcessBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {
+	res, err := p.processBatch(ctx, recs)
+	if p.cfg.Hooks != nil {
+		for i, r := range res {
+			p.cfg.Hooks.OnRecord(ctx, recs[i], r, nil)
+		}
+		if err != nil && len(res) < len(recs) {
+			p.cfg.Hooks.OnRecord(ctx, recs[len(res)], Result{}, err)
+		}
+	}
+	return res, err
+}
+
+func (p *Processor) processBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	if len(recs) > 1 {
+		res, ok, failed, ferr, err := p.batchOnce(ctx, recs)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return res, nil
+		}
+		if failed != nil {
+			return p.fallback(ctx, recs, failed, ferr)
+		}
+	}
+	return p.fallback(ctx, recs, nil, nil)
+}
+
+// fallback processes recs one by one. failed, when not nil, is the message
+// whose handler failed with ferr in the rolled-back batch: it counts as its
+// first attempt.
+func (p *Processor) fallback(ctx context.Context, recs []*kgo.Record, failed *Message, ferr error) ([]Result, error) {
+	out := make([]Result, 0, len(recs))
+	for _, r := range recs {
+		var (
+			res Result
+			err error
+		)
+		if failed != nil && failed.Record == r {
+			failed.Attempt = 0
+			res, err = p.processAfter(ctx, failed, ferr)
+		} else {
+			res, err = p.processRecord(ctx, r)
+		}
+		if err != nil {
+			return out, err
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// batchOnce tries the happy path. ok false (with a nil error) means the
+// transaction was rolled back and the caller must fall back; failed and
+// ferr then name the message whose handler failed, if one did.
+func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Result, ok bool, failed *Message, ferr error, _ error) {
+	msgs := make([]*Message, len(recs))
+	keys := make([]string, len(recs))
+	for i, r := range recs {
+		m, err := parse(r, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+		if err != nil {
+			return nil, false, nil, nil, nil
+		}
+		m.Attempt = 1
+		msgs[i], keys[i] = m, m.IdempotencyKey
+	}
+
+	var (
+		tx        pgx.Tx
+		freshKeys []string
+	)
+	if pool, ok := p.db.(poolAcquirer); ok {
+		ptx, release, err := beginWith(ctx, pool, p.claimMany, []any{p.name, keys}, &freshKeys)
+		if err != nil {
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin and claim keys: %w", err))
+		}
+		defer release()
+		tx = ptx
+	} else {
+		var err error
+		if tx, err = p.db.Begin(ctx); err != nil {
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin: %w", err))
+		}
+		if err := tx.QueryRow(ctx, p.claimMany, p.name, keys).Scan(&freshKeys); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: claim keys: %w", err))
+		}
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	// A key repeated in the batch is fresh at its first place only.
+	fresh := make(map[string]bool, len(freshKeys))
+	for _, k := range freshKeys {
+		fresh[k] = true
+	}
+	type run struct{ first, last int64 }
+	var (
+		res   = make([]Result, len(recs))
+		runs  = map[ordering.Aggregate]*run{}
+		order []ordering.Aggregate
+	)
+	for i, m := range msgs {
+		if !fresh[m.IdempotencyKey] {
+			res[i] = Result{Outcome: Duplicate}
+			continue
+		}
+		delete(fresh, m.IdempotencyKey)
+		res[i] = Result{Outcome: Applied, Attempts: 1}
+		if !m.HasSeq() {
+			continue
+		}
+		agg := m.aggregate()
+		r := runs[agg]
+		switch {
+		case r == nil:
+			runs[agg] = &run{first: m.Seq, last: m.Seq}
+			order = append(order, agg)
+		case m.Seq == r.last+1:
+			r.last = m.Seq
+		default:
+			return nil, false, nil, nil, nil // a hole or a repeat: one by one
+		}
+	}
+	if len(order) > 0 {
+		types, ids := make([]string, len(order)), make([]string, len(order))
+		firsts, lasts := make([]int64, len(order)), make([]int64, len(order))
+		for i, agg := range order {
+			types[i], ids[i], firsts[i], lasts[i] = agg.Type, agg.ID, runs[agg].first, runs[agg].last
+		}
+		var moved, parked int64
+		err := tx.QueryRow(ctx, p.advanceMany, p.name, types, ids, firsts, lasts,
+			p.cfg.FirstSeen == ordering.FirstSeenBaseline).Scan(&moved, &parked)
+		if err != nil {
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: advance positions: %w", err))
+		}
+		if moved != int64(len(order)) || parked > 0 {
+			return nil, false, nil, nil, nil
+		}
+	}
+	// Every position moved as one record at a time would have moved them,
+	// so the handlers run in the same order with the same verdicts.
+	for i, m := range msgs {
+		if res[i].Outcome != Applied {
+			continue
+		}
+		if err := p.call(ctx, tx, m); err != nil {
+			if ctx.Err() != nil {
+				return nil, false, nil, nil, ctx.Err()
+			}
+			return nil, false, m, err, nil
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, false, nil, nil, ctx.Err()
+		}
+		return nil, false, nil, nil, nil
+	}
+	return res, true, nil, nil, nil
+}

@@ -1,0 +1,133 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/dedupe"
+	"github.com/d419a114/outbox/ordering"
+)
+
+// Config tunes a Processor and a Consumer. The zero value is valid.
+type Config struct {
+	// Schema holds the consumer's tables. Default outbox.DefaultSchema.
+	Schema string
+	// MaxAttempts is how often a record is tried in-process before it is
+	// dead-lettered. Default 5.
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the exponential wait between tries,
+	// which is jittered. Default 50ms and 5s.
+	MinBackoff, MaxBackoff time.Duration
+	// KeyFunc extracts the idempotency key of a record that has none of the
+	// outbox-idempotency-key, outbox-event-id and Debezium id headers
+	// (tried in that order). A record without a key is dead-lettered with
+	// ErrNoKey. Default nil.
+	KeyFunc func(*kgo.Record) (string, error)
+	// GapPolicy says what happens to a record that arrives ahead of a gap
+	// in its aggregate's sequence. Default ordering.GapPark.
+	GapPolicy ordering.GapPolicy
+	// FirstSeen says how an aggregate's first record is treated when its
+	// sequence is above 1. Default ordering.FirstSeenStrict; see package
+	// ordering for why.
+	FirstSeen ordering.FirstSeenPolicy
+	// MaxValueBytes dead-letters records with larger values before the
+	// handler sees them. Default 16 MiB; negative means no limit.
+	MaxValueBytes int
+	// KeyRetention is how long processed keys are kept; the Consumer prunes
+	// older ones and warns at start when the subscribed topics keep records
+	// longer, or when ReplayWindow is longer. Default 7 days.
+	KeyRetention time.Duration
+	// ReplayWindow is how long after a failure operators may replay a dead
+	// letter; only checked against KeyRetention. Default 0 (not checked).
+	ReplayWindow time.Duration
+	// BatchSize is how many consecutive records of a partition the Consumer
+	// applies in one transaction. Default 1. See ProcessBatch.
+	BatchSize int
+	// MaxPollRecords bounds the records one poll hands to the Consumer.
+	// Default 1000.
+	MaxPollRecords int
+	// PruneInterval is how often the Consumer prunes expired keys. Default
+	// 1h; negative disables pruning.
+	PruneInterval time.Duration
+	// ShutdownGrace is how long the Consumer lets records in flight finish
+	// after its context ends; then their transactions are cancelled (rolled
+	// back, offsets not committed: they are redelivered). Default 10s.
+	ShutdownGrace time.Duration
+	// Hooks observes every record's outcome, for metrics and tracing
+	// adapters. Default nil.
+	Hooks Hooks
+	// Logger receives the runtime's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Hooks observes processing, so that metrics and tracing live in adapters
+// and the core imports neither. Implementations must be safe for
+// concurrent use and fast: they run on the partition's goroutine.
+type Hooks interface {
+	// OnRecord is called once per record that Process or ProcessBatch is
+	// done with (err nil; res says how: applied, duplicate, parked,
+	// dead-lettered) or hands back undone (err not nil).
+	OnRecord(ctx context.Context, rec *kgo.Record, res Result, err error)
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = outbox.DefaultSchema
+	}
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = 5
+	}
+	if out.MinBackoff == 0 {
+		out.MinBackoff = 50 * time.Millisecond
+	}
+	if out.MaxBackoff == 0 {
+		out.MaxBackoff = 5 * time.Second
+	}
+	if out.MaxValueBytes == 0 {
+		out.MaxValueBytes = 16 << 20
+	}
+	if out.KeyRetention == 0 {
+		out.KeyRetention = dedupe.DefaultRetention
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 1
+	}
+	if out.MaxPollRecords == 0 {
+		out.MaxPollRecords = 1000
+	}
+	if out.PruneInterval == 0 {
+		out.PruneInterval = time.Hour
+	}
+	if out.ShutdownGrace == 0 {
+		out.ShutdownGrace = 10 * time.Second
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	switch {
+	case out.MaxAttempts < 1:
+		return out, fmt.Errorf("consumer: MaxAttempts %d is below 1", out.MaxAttempts)
+	case out.MinBackoff < 0 || out.MaxBackoff < out.MinBackoff:
+		return out, fmt.Errorf("consumer: backoff bounds %s..%s are not a range", out.MinBackoff, out.MaxBackoff)
+	case out.KeyRetention < 0:
+		return out, fmt.Errorf("consumer: negative KeyRetention %s", out.KeyRetention)
+	case out.ReplayWindow < 0:
+		return out, fmt.Errorf("consumer: negative ReplayWindow %s", out.ReplayWindow)
+	case out.BatchSize < 1:
+		return out, fmt.Errorf("consumer: BatchSize %d is below 1", out.BatchSize)
+	case out.MaxPollRecords < 1:
+		return out, fmt.Errorf("consumer: MaxPollRecords %d is below 1", out.MaxPollRecords)
+	case out.ShutdownGrace < 0:
+		return out, fmt.Errorf("consumer: negative ShutdownGrace %s", out.ShutdownGrace)
+	}
+	return out, nil
+}

@@ -1,0 +1,417 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/eventually"
+	"github.com/d419a114/outbox/internal/kafkatest"
+	"github.com/d419a114/outbox/internal/pgtest"
+)
+
+func TestNewRefusesUnsafeClients(t *testing.T) {
+	t.Parallel()
+	broker := kafkatest.New(t)
+	h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	tests := []struct {
+		name    string
+		opts    []kgo.Opt
+		wantErr string
+	}{
+		{"NoGroup", []kgo.Opt{kgo.ConsumeTopics("t")}, "kgo.ConsumerGroup"},
+		{"AutoCommit", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.BlockRebalanceOnPoll()}, "client has auto-commit enabled; create it with kgo.DisableAutoCommit()"},
+		{"RebalanceNotBlocked", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.DisableAutoCommit()}, "kgo.BlockRebalanceOnPoll()"},
+		{"Safe", append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")}, consumer.ClientOpts()...), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cl := broker.Client(t, tt.opts...)
+			_, err := consumer.New(fakeBeginner{}, cl, "svc", h, nil)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+}
+
+// groupBundle is a topic, a database and the helpers to run consumers of
+// one group on them.
+type groupBundle struct {
+	broker  *kafkatest.Broker
+	db      *pgtest.DB
+	topic   string
+	group   string
+	effects *effects
+}
+
+func newGroupBundle(t *testing.T, partitions int32) *groupBundle {
+	t.Helper()
+	b := &groupBundle{broker: kafkatest.New(t), db: pgtest.New(t, &pgtest.Opts{MaxConns: 20})}
+	b.topic = b.broker.Topic(t, partitions)
+	b.group = "g-" + b.topic
+	b.effects = newEffects(t, b.db)
+	return b
+}
+
+func (b *groupBundle) produce(t *testing.T, recs ...*kgo.Record) {
+	t.Helper()
+	cl := b.broker.Client(t, kgo.DefaultProduceTopic(b.topic), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, cl.ProduceSync(ctx, recs...).FirstErr())
+}
+
+func (b *groupBundle) client(t *testing.T, group string) *kgo.Client {
+	t.Helper()
+	return b.broker.Client(t, append([]kgo.Opt{
+		kgo.ConsumerGroup(group), kgo.ConsumeTopics(b.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(50 * time.Millisecond),
+	}, consumer.ClientOpts()...)...)
+}
+
+// running is a Consumer running in the background.
+type running struct {
+	c      *consumer.Consumer
+	cl     *kgo.Client
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (b *groupBundle) start(t *testing.T, h consumer.Handler, cfg *consumer.Config) *running {
+	t.Helper()
+	cl := b.client(t, b.group)
+	c, err := consumer.New(b.db.Pool, cl, "svc", h, cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{c: c, cl: cl, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+// stop shuts the consumer down gracefully and leaves the group.
+func (r *running) stop(t *testing.T) {
+	t.Helper()
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	require.NoError(t, <-r.done)
+	r.cl.Close()
+}
+
+// committed returns the group's committed offsets summed over partitions.
+func (b *groupBundle) committed(t *testing.T) int64 {
+	t.Helper()
+	adm := kadm.NewClient(b.broker.Client(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	offs, err := adm.FetchOffsets(ctx, b.group)
+	if err != nil {
+		return -1
+	}
+	var sum int64
+	offs.Each(func(o kadm.OffsetResponse) { sum += o.At })
+	return sum
+}
+
+// stream returns n records over aggs aggregates, each aggregate's sequence
+// in order, keyed by aggregate.
+func stream(aggs, n int) []*kgo.Record {
+	var rs []*kgo.Record
+	for i := range n {
+		agg := fmt.Sprintf("agg-%d", i%aggs)
+		seq := int64(i/aggs + 1)
+		rs = append(rs, rec(agg, seq, fmt.Sprintf("%s-%d", agg, seq)))
+	}
+	return rs
+}
+
+func TestConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+
+			// Every record produced twice, then everything consumed again
+			// from the start under a new group (an offset reset), then a
+			// crash between the database commit and the offset commit.
+			t.Run("DuplicatesApplyOnce", func(t *testing.T) {
+				t.Parallel()
+				b := newGroupBundle(t, 3)
+				recs := stream(6, 60)
+				b.produce(t, recs...)
+				b.produce(t, stream(6, 60)...)
+				r := b.start(t, b.effects, fastConfig(b.db, mode.batch))
+				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 120 }, "all offsets committed")
+				rows, distinct := b.effects.count(t)
+				require.Equal(t, 60, rows)
+				require.Equal(t, 60, distinct)
+				r.stop(t)
+
+				// Offsets reset: a new group reads everything again.
+				b.group += "-reset"
+				r = b.start(t, b.effects, fastConfig(b.db, mode.batch))
+				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 120 })
+				r.stop(t)
+
+				// Killed after the database commit, before the offset commit:
+				// a plain poll loop applies records and never commits.
+				b.group += "-crash"
+				b.produce(t, stream(6, 66)[60:]...)
+				cl := b.client(t, b.group)
+				p, err := consumer.Handle(b.db.Pool, "svc", b.effects, fastConfig(b.db, mode.batch))
+				require.NoError(t, err)
+				seen := 0
+				pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				for seen < 126 && pctx.Err() == nil {
+					fs := cl.PollRecords(pctx, 100)
+					fs.EachPartition(func(part kgo.FetchTopicPartition) {
+						_, err := p.ProcessBatch(pctx, part.Records)
+						require.NoError(t, err)
+						seen += len(part.Records)
+					})
+					cl.AllowRebalance()
+				}
+				require.Equal(t, 126, seen)
+				cl.Close() // the "crash": nothing committed
+				r = b.start(t, b.effects, fastConfig(b.db, mode.batch))
+				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 126 })
+				rows, distinct = b.effects.count(t)
+				require.Equal(t, 66, rows)
+				require.Equal(t, 66, distinct)
+				for i := range 6 {
+					require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, b.effects.seqs(t, fmt.Sprintf("agg-%d", i)))
+				}
+			})
+
+			// Members join and leave while records flow: no record is in two
+			// handlers at once, effects apply once and in order.
+			t.Run("RebalancesKeepEffectsSingleAndOrdered", func(t *testing.T) {
+				t.Parallel()
+				b := newGroupBundle(t, 4)
+				g := &guard{inFlight: map[string]bool{}, next: b.effects}
+				cfg := fastConfig(b.db, mode.batch)
+				m1 := b.start(t, g, cfg)
+				const total = 400
+				all := stream(20, total)
+				// Records keep coming while members join and leave.
+				produced := make(chan struct{})
+				go func() {
+					defer close(produced)
+					for i := 0; i < total; i += 20 {
+						b.produce(t, all[i:i+20]...)
+					}
+				}()
+				defer func() { <-produced }()
+				applied := func(n int) func() bool {
+					return func() bool { rows, _ := b.effects.count(t); return rows >= n }
+				}
+				eventually.True(t, 30*time.Second, applied(50))
+				m2 := b.start(t, g, cfg) // joins
+				eventually.True(t, 30*time.Second, applied(150))
+				m3 := b.start(t, g, cfg) // joins
+				eventually.True(t, 30*time.Second, applied(250))
+				m1.stop(t) // leaves mid-stream
+				eventually.True(t, 60*time.Second, applied(total))
+				m2.stop(t)
+				m3.stop(t)
+				require.Empty(t, g.violations())
+				rows, distinct := b.effects.count(t)
+				require.Equal(t, total, rows)
+				require.Equal(t, total, distinct)
+				want := make([]int64, total/20)
+				for i := range want {
+					want[i] = int64(i + 1)
+				}
+				for i := range 20 {
+					require.Equal(t, want, b.effects.seqs(t, fmt.Sprintf("agg-%d", i)))
+				}
+			})
+
+			// A poison aggregate, malformed records and huge values among
+			// good ones: dead letters with reasons, and the runner goes on.
+			t.Run("PoisonAndBadInputDoNotStopTheRunner", func(t *testing.T) {
+				t.Parallel()
+				b := newGroupBundle(t, 2)
+				b.effects.setFail("bad", errBroken)
+				cfg := fastConfig(b.db, mode.batch)
+				cfg.MaxValueBytes = 1024
+				huge := rec("big", 0, "big")
+				huge.Value = make([]byte, 4096)
+				noKey := &kgo.Record{Key: []byte("nokey"), Value: []byte("x")}
+				badSeq := rec("seq", 0, "seq")
+				badSeq.Headers = append(badSeq.Headers, kgo.RecordHeader{Key: "outbox-aggregate-seq", Value: []byte("x\xff")})
+				unknown := rec("xml", 0, "xml")
+				unknown.Headers = append(unknown.Headers, kgo.RecordHeader{Key: "content-type", Value: []byte("application/xml")})
+				recs := append(stream(5, 50), rec("bad", 1, "bad-1"), rec("bad", 2, "bad-2"), huge, noKey, badSeq, unknown, rec("bad", 3, "bad-3"))
+				recs = append(recs, stream(5, 60)[50:]...)
+				b.produce(t, recs...)
+				// The handler accepts JSON only: unknown content is its
+				// permanent error.
+				h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					if m.ContentType != "" && m.ContentType != "application/json" {
+						return consumer.Permanent(fmt.Errorf("unknown content type %q", m.ContentType))
+					}
+					return b.effects.Handle(ctx, tx, m)
+				})
+				b.start(t, h, cfg)
+				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == int64(len(recs)) })
+				rows, _ := b.effects.count(t)
+				require.Equal(t, 60, rows)
+				letters, err := deadletter.New(&deadletter.Config{Schema: b.db.Schema}).List(ctx, b.db.Pool, nil)
+				require.NoError(t, err)
+				reasons := map[string]string{}
+				for _, l := range letters {
+					reasons[string(l.Record.Key)] = l.Error
+				}
+				require.Len(t, reasons, 5)
+				require.Contains(t, reasons["xml"], `unknown content type "application/xml"`)
+				require.Contains(t, reasons["bad"], "downstream broken")
+				require.Contains(t, reasons["big"], "exceeds Config.MaxValueBytes")
+				require.Contains(t, reasons["nokey"], "no idempotency key")
+				require.Contains(t, reasons["seq"], "not UTF-8 text")
+			})
+		})
+	}
+
+	t.Run("ShutdownCommitsWhatWasApplied", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 1)
+		release := make(chan struct{})
+		var once sync.Once
+		entered := make(chan struct{})
+		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.AggregateID == "slow" {
+				once.Do(func() { close(entered) })
+				<-release
+			}
+			return b.effects.Handle(ctx, tx, m)
+		})
+		b.produce(t, append(stream(2, 10), rec("slow", 1, "slow-1"), rec("after", 1, "after-1"))...)
+		r := b.start(t, h, fastConfig(b.db, 1))
+		<-entered
+		r.cancel() // shutdown while "slow" is in flight
+		r.cancel = nil
+		close(release)
+		require.NoError(t, <-r.done)
+		r.cl.Close()
+		require.EqualValues(t, 11, b.committed(t), "the in-flight record finished and was committed; no new one started")
+		rows, _ := b.effects.count(t)
+		require.Equal(t, 11, rows)
+	})
+
+	t.Run("WarnsWhenKeysExpireBeforeTopicRecords", func(t *testing.T) {
+		t.Parallel()
+		broker := kafkatest.New(t)
+		db := pgtest.New(t, nil)
+		adm := kadm.NewClient(broker.Client(t))
+		mk := func(retention string) string {
+			name := fmt.Sprintf("ret-%s-%d", retention, time.Now().UnixNano())
+			resp, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"retention.ms": &retention}, name)
+			require.NoError(t, err)
+			require.NoError(t, resp.Err)
+			return name
+		}
+		long, short := mk(fmt.Sprint((30 * 24 * time.Hour).Milliseconds())), mk(fmt.Sprint(time.Hour.Milliseconds()))
+		h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+		check := func(topic string, cfg *consumer.Config) []string {
+			cl := broker.Client(t, append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics(topic)}, consumer.ClientOpts()...)...)
+			c, err := consumer.New(db.Pool, cl, "svc", h, cfg)
+			require.NoError(t, err)
+			w, err := c.CheckRetention(ctx)
+			require.NoError(t, err)
+			return w
+		}
+		w := check(long, nil)
+		require.Len(t, w, 1)
+		require.Contains(t, w[0], "key retention 168h0m0s is shorter than topic "+long+"'s retention 720h0m0s")
+		require.Empty(t, check(short, nil))
+		w = check(short, &consumer.Config{KeyRetention: time.Minute, ReplayWindow: 24 * time.Hour})
+		require.Len(t, w, 2)
+		require.Contains(t, w[0], "dead-letter replay window")
+	})
+}
+
+// guard fails when one record is in two handlers at once.
+type guard struct {
+	mu       sync.Mutex
+	inFlight map[string]bool
+	errs     []error
+	next     consumer.Handler
+}
+
+func (g *guard) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	id := fmt.Sprintf("%d@%d", m.Partition, m.Offset)
+	g.mu.Lock()
+	if g.inFlight[id] {
+		g.errs = append(g.errs, fmt.Errorf("record %s processed twice at once", id))
+	}
+	g.inFlight[id] = true
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		delete(g.inFlight, id)
+		g.mu.Unlock()
+	}()
+	return g.next.Handle(ctx, tx, m)
+}
+
+func (g *guard) violations() []error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]error(nil), g.errs...)
+}
+
+// Run returns ErrClosed, and leaves nothing running, when its client is
+// closed under it; and a second Run is refused.
+func TestRunWithClosedClient(t *testing.T) {
+	t.Parallel()
+	b := newGroupBundle(t, 1)
+	cl := b.client(t, b.group)
+	c, err := consumer.New(b.db.Pool, cl, "svc", b.effects, fastConfig(b.db, 1))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background()) }()
+	b.produce(t, rec("o", 1, "k"))
+	eventually.True(t, 30*time.Second, func() bool { rows, _ := b.effects.count(t); return rows == 1 })
+	cl.Close()
+	require.ErrorIs(t, <-done, consumer.ErrClosed)
+	require.ErrorIs(t, c.Run(context.Background()), consumer.ErrClosed)
+}
+
+// The runner prunes processed keys past KeyRetention in the background.
+func TestRunnerPrunesExpiredKeys(t *testing.T) {
+	t.Parallel()
+	b := newGroupBundle(t, 1)
+	cfg := fastConfig(b.db, 1)
+	cfg.KeyRetention, cfg.PruneInterval = time.Millisecond, 10*time.Millisecond
+	b.produce(t, stream(2, 10)...)
+	r := b.start(t, b.effects, cfg)
+	keys := func() int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.db.Table("processed_keys")).Scan(&n))
+		return n
+	}
+	eventually.True(t, 30*time.Second, func() bool { rows, _ := b.effects.count(t); return rows == 10 })
+	eventually.True(t, 30*time.Second, func() bool { return keys() == 0 })
+	r.stop(t)
+}

@@ -1,0 +1,45 @@
+// Package consumer applies Kafka records to a PostgreSQL database so that
+// each record's effect happens once per consumer, in per-aggregate order,
+// and a poison record is set aside without blocking anything else.
+//
+// A Handler does the record's work inside a pgx.Tx that the package opens.
+// In that same transaction the record's idempotency key is claimed (package
+// dedupe), its aggregate's position is moved (package ordering), and, when
+// the record releases parked successors, those are applied too. Everything
+// commits together or not at all, so:
+//
+//   - a redelivered record (the producer's at-least-once, an offset commit
+//     lost in a crash, an offset reset) finds its key claimed and is
+//     skipped: its effect is applied once, within the consumer's database
+//     and for as long as the key is retained (Config.KeyRetention, default
+//     7 days). Effects outside that database (emails, HTTP calls) can
+//     happen more than once; make them idempotent on Message.IdempotencyKey.
+//   - a record that arrives ahead of a gap in its aggregate's sequence is
+//     parked and applied when the gap fills (or per Config.GapPolicy).
+//   - a handler error is retried with backoff up to Config.MaxAttempts
+//     (Permanent errors are not retried); a panic is recovered and counts
+//     as an error. Then the record goes to the dead-letter table, in its
+//     own transaction, with the error and the panic's stack, and the later
+//     records of its aggregate are parked behind it until it is replayed or
+//     discarded. Other aggregates keep flowing.
+//   - a record that cannot be used at all (no idempotency key, a malformed
+//     sequence, a value above Config.MaxValueBytes) is dead-lettered at once
+//     with the reason.
+//
+// Records with no sequence header bypass ordering; dedupe still applies.
+// Records from other producers (Debezium's outbox event router, plain
+// clients) work: the key is taken from the idempotency-key header, then
+// the event id, then Debezium's id header, then Config.KeyFunc.
+//
+// Two ways to run it:
+//
+//   - Handle returns a Processor for a poll loop you already have: call
+//     Process (or ProcessBatch) per partition in offset order and mark an
+//     offset for commit only after it returned no error.
+//   - New returns a Consumer that owns the poll loop of a franz-go consumer
+//     group (create the client with ClientOpts).
+//
+// Offsets are committed after the database commit, so a crash in between
+// redelivers records that are already applied; dedupe skips them. The
+// database is the source of truth, Kafka offsets only an optimisation.
+package consumer

@@ -1,0 +1,140 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/internal/kafkatest"
+	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/producer"
+)
+
+// BenchmarkEndToEnd writes one event per transaction at a steady rate
+// (producer.Write), publishes with producer.Relay, and consumes with a
+// consumer.Consumer (dedupe and ordering on) whose handler inserts a row.
+// It reports the latency from the writer's commit returning to the
+// consumer's handler running, p50 and p99, with one record per consumer
+// transaction and with batches of up to 100. Writers, relay, consumer and
+// PostgreSQL share the machine.
+//
+//	go test -run '^$' -bench EndToEnd -benchtime 1x ./consumer
+func BenchmarkEndToEnd(b *testing.B) {
+	for _, batch := range []int{1, 100} {
+		for _, rate := range []int{300, 1000} {
+			b.Run(fmt.Sprintf("batch=%d/rate=%d", batch, rate), func(b *testing.B) {
+				for b.Loop() {
+					p50, p99 := endToEnd(b, rate, batch, 5*time.Second)
+					b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+					b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+				}
+			})
+		}
+	}
+}
+
+func endToEnd(b *testing.B, rate, batch int, dur time.Duration) (p50, p99 time.Duration) {
+	ctx := context.Background()
+	db := pgtest.New(b, &pgtest.Opts{MaxConns: 30})
+	broker := kafkatest.New(b)
+	topic := broker.Topic(b, 8)
+	relayPool, err := pgxpool.New(ctx, db.Server.URL)
+	require.NoError(b, err)
+	defer relayPool.Close()
+	relay, err := producer.NewRelay(relayPool, broker.Client(b), &producer.RelayConfig{Schema: db.Schema, Topic: topic, Logger: quietLogger})
+	require.NoError(b, err)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(runCtx) }()
+
+	effects := db.Table("e2e_effects")
+	_, err = db.Pool.Exec(ctx, `CREATE TABLE `+effects+` (event_id text PRIMARY KEY)`)
+	require.NoError(b, err)
+	var (
+		mu        sync.Mutex
+		committed = map[string]time.Time{}
+		handled   = map[string]time.Time{}
+	)
+	total := rate * int(dur/time.Second)
+	allHandled := make(chan struct{})
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		now := time.Now()
+		if _, err := tx.Exec(ctx, `INSERT INTO `+effects+` VALUES ($1)`, m.EventID); err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if _, seen := handled[m.EventID]; !seen {
+			handled[m.EventID] = now
+			if len(handled) == total {
+				close(allHandled)
+			}
+		}
+		return nil
+	})
+	cl := broker.Client(b, append([]kgo.Opt{kgo.ConsumerGroup("e2e"), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10 * time.Millisecond)}, consumer.ClientOpts()...)...)
+	c, err := consumer.New(db.Pool, cl, "e2e", h, &consumer.Config{Schema: db.Schema, BatchSize: batch, Logger: quietLogger})
+	require.NoError(b, err)
+	consumerDone := make(chan error, 1)
+	go func() { consumerDone <- c.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-relayDone
+		<-consumerDone
+	}()
+
+	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	for i := range total {
+		<-tick.C
+		wg.Go(func() {
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			written, err := w.Write(ctx, tx, producer.Event{AggregateType: "account", AggregateID: strconv.Itoa(i % 500), EventType: "e", Payload: []byte("x")})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := tx.Commit(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+			at := time.Now()
+			mu.Lock()
+			committed[written[0].EventID] = at
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	select {
+	case <-allHandled:
+	case <-time.After(dur + 60*time.Second):
+		b.Fatalf("handled %d of %d events", len(handled), total)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	latencies := make([]time.Duration, 0, total)
+	for id, at := range handled {
+		latencies = append(latencies, at.Sub(committed[id]))
+	}
+	slices.Sort(latencies)
+	return latencies[len(latencies)/2], latencies[len(latencies)*99/100]
+}

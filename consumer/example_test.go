@@ -1,0 +1,201 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/internal/pgtest"
+)
+
+// Handle inside a poll loop you already have: each record is applied in
+// its own transaction with its key claimed and its sequence checked, so a
+// duplicate is skipped and an early record waits for its predecessor.
+func ExampleHandle() {
+	ctx := context.Background()
+	db, closeDB, err := pgtest.Open(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() { _ = closeDB() }()
+	shipments := pgx.Identifier{db.Schema, "shipments"}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+shipments+` (order_id text, step text)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	p, err := consumer.Handle(db.Pool, "shipping", consumer.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+shipments+` VALUES ($1, $2)`, m.AggregateID, m.Value)
+			return err
+		}), &consumer.Config{Schema: db.Schema})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	record := func(offset, seq int64, step string) *kgo.Record {
+		return &kgo.Record{Topic: "orders", Offset: offset, Key: []byte("o-1"), Value: []byte(step), Headers: []kgo.RecordHeader{
+			{Key: outbox.HeaderEventID, Value: []byte(fmt.Sprint("evt-", seq))},
+			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
+			{Key: outbox.HeaderAggregateSeq, Value: []byte(fmt.Sprint(seq))},
+		}}
+	}
+	// As a poll loop might see them: 2 before 1, and 1 twice.
+	for _, r := range []*kgo.Record{record(0, 2, "packed"), record(1, 1, "paid"), record(2, 1, "paid")} {
+		res, err := p.Process(ctx, r)
+		if err != nil {
+			fmt.Println(err) // not done: do not commit its offset
+			return
+		}
+		fmt.Printf("offset %d: %s (drained %d)\n", r.Offset, res.Outcome, res.Drained)
+	}
+	rows, _ := db.Pool.Query(ctx, `SELECT step FROM `+shipments)
+	steps, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+	fmt.Println(steps)
+	// Output:
+	// offset 0: parked (drained 0)
+	// offset 1: applied (drained 1)
+	// offset 2: duplicate (drained 0)
+	// [paid packed]
+}
+
+// New runs a consumer group: records applied once, offsets committed after
+// the database commit.
+func ExampleNew() {
+	ctx := context.Background()
+	db, closeDB, err := pgtest.Open(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() { _ = closeDB() }()
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "orders"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cluster.Close()
+
+	producer, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.DefaultProduceTopic("orders"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer producer.Close()
+	for i, id := range []string{"evt-1", "evt-2", "evt-1"} { // evt-1 delivered twice
+		r := &kgo.Record{Key: []byte("o-1"), Value: []byte(fmt.Sprint("payload ", i)),
+			Headers: []kgo.RecordHeader{{Key: outbox.HeaderEventID, Value: []byte(id)}}}
+		if err := producer.ProduceSync(ctx, r).FirstErr(); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+
+	client, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(cluster.ListenAddrs()...),
+		kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	}, consumer.ClientOpts()...)...)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+
+	seen := make(chan string, 3)
+	c, err := consumer.New(db.Pool, client, "billing", consumer.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			seen <- m.IdempotencyKey + ": " + string(m.Value)
+			return nil
+		}), &consumer.Config{Schema: db.Schema, Logger: quietLogger})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	for range 2 {
+		select {
+		case s := <-seen:
+			fmt.Println(s)
+		case <-time.After(30 * time.Second):
+			fmt.Println("timed out")
+		}
+	}
+	stop()
+	fmt.Println("run:", <-done)
+	// Output:
+	// evt-1: payload 0
+	// evt-2: payload 1
+	// run: <nil>
+}
+
+// A record whose handler keeps failing is dead-lettered and holds its
+// aggregate; once the cause is fixed, Replay applies it once and releases
+// the records parked behind it, in order.
+func ExampleProcessor_Replay() {
+	ctx := context.Background()
+	db, closeDB, err := pgtest.Open(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() { _ = closeDB() }()
+
+	broken := true
+	p, err := consumer.Handle(db.Pool, "invoicing", consumer.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if broken {
+				return errors.New("tax service unavailable")
+			}
+			fmt.Printf("applied %s seq %d\n", m.AggregateID, m.Seq)
+			return nil
+		}), &consumer.Config{Schema: db.Schema, MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Logger: quietLogger})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	record := func(offset, seq int64) *kgo.Record {
+		return &kgo.Record{Topic: "orders", Offset: offset, Key: []byte("o-7"), Headers: []kgo.RecordHeader{
+			{Key: outbox.HeaderEventID, Value: []byte(fmt.Sprint("evt-", seq))},
+			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
+			{Key: outbox.HeaderAggregateSeq, Value: []byte(fmt.Sprint(seq))},
+		}}
+	}
+	var letter int64
+	for i, seq := range []int64{1, 2} {
+		res, err := p.Process(ctx, record(int64(i), seq))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("seq %d: %s after %d attempts\n", seq, res.Outcome, res.Attempts)
+		if res.Outcome == consumer.DeadLettered {
+			letter = res.DeadLetterID
+		}
+	}
+
+	broken = false
+	res, err := p.Replay(ctx, letter)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("replay: %s, drained %d\n", res.Outcome, res.Drained)
+	// Output:
+	// seq 1: dead_lettered after 2 attempts
+	// seq 2: parked after 0 attempts
+	// applied o-7 seq 1
+	// applied o-7 seq 2
+	// replay: applied, drained 1
+}

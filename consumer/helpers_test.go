@@ -1,0 +1,180 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/internal/pgtest"
+)
+
+// nextOffset gives every test record its own offset, as a partition would.
+var nextOffset atomic.Int64
+
+var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// modes runs a scenario with one record per transaction and in batches.
+var modes = []struct {
+	name  string
+	batch int
+}{{"Single", 1}, {"Batch", 50}}
+
+// rec builds a record of the wire contract: aggregate "order"/agg at seq
+// (no sequence header when seq is 0), keyed by key.
+func rec(agg string, seq int64, key string) *kgo.Record {
+	r := &kgo.Record{Key: []byte(agg), Value: []byte(fmt.Sprintf(`{"agg":%q,"seq":%d}`, agg, seq))}
+	r.Headers = append(r.Headers,
+		kgo.RecordHeader{Key: outbox.HeaderEventID, Value: []byte(key)},
+		kgo.RecordHeader{Key: outbox.HeaderEventType, Value: []byte("order.changed")},
+		kgo.RecordHeader{Key: outbox.HeaderAggregateType, Value: []byte("order")},
+		kgo.RecordHeader{Key: outbox.HeaderAggregateID, Value: []byte(agg)},
+	)
+	if seq > 0 {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: outbox.HeaderAggregateSeq, Value: []byte(strconv.FormatInt(seq, 10))})
+	}
+	return r
+}
+
+// effects is a handler that inserts one row per applied message into the
+// test's effects table, and fails on demand.
+type effects struct {
+	db    *pgtest.DB
+	table string
+
+	mu sync.Mutex
+	// fail makes the handler fail for these aggregates.
+	fail map[string]error
+	// panicOn makes the handler panic for these aggregates.
+	panicOn map[string]bool
+	calls   map[string]int
+}
+
+func newEffects(t *testing.T, db *pgtest.DB) *effects {
+	t.Helper()
+	e := &effects{db: db, table: db.Table("effects"), fail: map[string]error{}, panicOn: map[string]bool{}, calls: map[string]int{}}
+	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE `+e.table+` (
+		n bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, key text NOT NULL, aggregate text NOT NULL, seq bigint NOT NULL)`)
+	require.NoError(t, err)
+	return e
+}
+
+func (e *effects) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	e.mu.Lock()
+	e.calls[m.IdempotencyKey]++
+	err, pn := e.fail[m.AggregateID], e.panicOn[m.AggregateID]
+	if kerr := e.fail["key:"+m.IdempotencyKey]; kerr != nil {
+		err = kerr
+	}
+	e.mu.Unlock()
+	if pn {
+		panic("handler bug for " + m.AggregateID)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO `+e.table+` (key, aggregate, seq) VALUES ($1, $2, $3)`, m.IdempotencyKey, m.AggregateID, m.Seq)
+	return err
+}
+
+func (e *effects) setFail(agg string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err == nil {
+		delete(e.fail, agg)
+	} else {
+		e.fail[agg] = err
+	}
+}
+
+func (e *effects) callsOf(key string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.calls[key]
+}
+
+// seqs returns the applied sequences of agg in the order they were applied.
+func (e *effects) seqs(t *testing.T, agg string) []int64 {
+	t.Helper()
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT seq FROM `+e.table+` WHERE aggregate = $1 ORDER BY n`, agg)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return out
+}
+
+// count returns how many effect rows there are and how many distinct keys.
+func (e *effects) count(t *testing.T) (rows, distinct int) {
+	t.Helper()
+	require.NoError(t, e.db.Pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT key) FROM `+e.table).Scan(&rows, &distinct))
+	return rows, distinct
+}
+
+var errBroken = errors.New("downstream broken")
+
+func fastConfig(db *pgtest.DB, batch int) *consumer.Config {
+	return &consumer.Config{
+		Schema: db.Schema, MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		BatchSize: batch, Logger: quietLogger,
+	}
+}
+
+// processAll feeds recs to p as one partition would: one by one, or in
+// chunks of batch.
+func processAll(t *testing.T, p *consumer.Processor, batch int, recs ...*kgo.Record) []consumer.Result {
+	t.Helper()
+	ctx := context.Background()
+	var out []consumer.Result
+	for _, r := range recs {
+		r.Offset = nextOffset.Add(1)
+		if r.Topic == "" {
+			r.Topic = "orders"
+		}
+	}
+	for len(recs) > 0 {
+		n := min(batch, len(recs))
+		if n == 1 {
+			res, err := p.Process(ctx, recs[0])
+			require.NoError(t, err)
+			out = append(out, res)
+		} else {
+			res, err := p.ProcessBatch(ctx, recs[:n])
+			require.NoError(t, err)
+			require.Len(t, res, n)
+			out = append(out, res...)
+		}
+		recs = recs[n:]
+	}
+	return out
+}
+
+func outcomes(rs []consumer.Result) []consumer.Outcome {
+	out := make([]consumer.Outcome, len(rs))
+	for i, r := range rs {
+		out[i] = r.Outcome
+	}
+	return out
+}
+
+func (e *effects) failKey(key string, err error) { e.setFail("key:"+key, err) }
+
+type pgxTx = pgx.Tx
+
+// fakeBeginner is a database for tests that never reach it.
+type fakeBeginner struct{}
+
+func (fakeBeginner) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("fake database") }
+
+func strconvI(i int64) string { return strconv.FormatInt(i, 10) }

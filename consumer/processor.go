@@ -1,0 +1,498 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/dedupe"
+	"github.com/d419a114/outbox/internal/backoff"
+	"github.com/d419a114/outbox/ordering"
+)
+
+// Handler applies one message's effect inside tx. It must do all its
+// database work in tx: the claim of the message's key, the move of its
+// aggregate's position and the effect commit or roll back together.
+// Returning an error rolls tx back; the message is retried, or
+// dead-lettered at once when the error is Permanent. Work outside the
+// database (an email, an HTTP call) is not undone by a rollback and may
+// happen more than once.
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, m *Message) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, m *Message) error { return f(ctx, tx, m) }
+
+// Beginner starts a transaction. *pgxpool.Pool satisfies it. Use the
+// primary: dedupe, positions and dead letters must never be read from a
+// replica.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Processor applies records through a handler with dedupe, ordering and
+// dead-lettering in the handler's transaction. It is safe for concurrent
+// use, but records of one partition must be given to it one after another,
+// in offset order, for ordering's parking to mean anything.
+type Processor struct {
+	db       Beginner
+	h        Handler
+	cfg      Config
+	name     string
+	dedupe   *dedupe.Store
+	ordering *ordering.Tracker
+	dead     *deadletter.Store
+	log      *slog.Logger
+	// claimAdvance is the hot path's one statement; see Handle. claimOnly
+	// is its counterpart for records without a sequence. claimMany and
+	// advanceMany are batch mode's; see ProcessBatch.
+	claimAdvance, claimOnly, claimMany, advanceMany string
+}
+
+// Handle returns a Processor that applies records for the consumer name
+// through h, each in a transaction begun on db. Use it inside a poll loop
+// you already have: call Process (or ProcessBatch) for each record, and
+// mark its offset for commit only when it returns no error. name scopes the
+// processed keys, positions and dead letters: give each consuming service
+// its own.
+func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error) {
+	if db == nil || h == nil {
+		return nil, errors.New("consumer: Handle needs a database and a handler")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	d, err := dedupe.New(name, &dedupe.Config{Schema: c.Schema, Retention: c.KeyRetention})
+	if err != nil {
+		return nil, err
+	}
+	o, err := ordering.New(name, &ordering.Config{Schema: c.Schema, GapPolicy: c.GapPolicy, FirstSeen: c.FirstSeen})
+	if err != nil {
+		return nil, err
+	}
+	schema := pgx.Identifier{c.Schema}.Sanitize()
+	return &Processor{
+		db: db, h: h, cfg: c, name: name, dedupe: d, ordering: o,
+		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
+		log:  c.Logger.With(slog.String("consumer", name)),
+		// The claim of the key and the move of the position in one
+		// statement, sent in one round trip with BEGIN (see pipelinedTx):
+		// at one record per transaction a round trip costs about as much as
+		// the record's own work. The position moves only if the claim
+		// inserted a row (a duplicate key must not move it) and only from
+		// seq-1. Anything else (a duplicate sequence, a gap, an aggregate
+		// never seen) returns no parked count and is left to
+		// ordering.Tracker.Check; creating positions here too would cost
+		// every record an INSERT ... ON CONFLICT branch that only the first
+		// record of an aggregate needs. ON CONFLICT arbitrates races on the
+		// key; the row lock orders racing moves of one position.
+		claimAdvance: `WITH claim AS (
+    INSERT INTO ` + schema + `.processed_keys (consumer, key) VALUES ($1, $5) ON CONFLICT DO NOTHING RETURNING 1
+), up AS (
+    UPDATE ` + schema + `.positions SET last_seq = $4, updated_at = now()
+    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND last_seq = $4 - 1
+      AND EXISTS (SELECT 1 FROM claim)
+    RETURNING parked
+)
+SELECT EXISTS (SELECT 1 FROM claim), (SELECT parked FROM up)`,
+		claimOnly: `WITH claim AS (
+    INSERT INTO ` + schema + `.processed_keys (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM claim), NULL::integer`,
+		// One row with the keys that were fresh, so that it can travel in
+		// one pipeline with BEGIN like claimAdvance.
+		claimMany: `WITH claim AS (
+    INSERT INTO ` + schema + `.processed_keys (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k
+    ON CONFLICT DO NOTHING RETURNING key
+)
+SELECT coalesce(array_agg(key), '{}') FROM claim`,
+		// Every aggregate of a batch moves from first-1 to last in one
+		// statement (its records in the batch are first..last without a
+		// hole, checked before); aggregates never seen are created, at 1
+		// or, under FirstSeenBaseline ($6), anywhere. The count of rows
+		// moved or created must equal the number of aggregates, and no
+		// aggregate may have parked records to drain: otherwise batch mode
+		// falls back to one record at a time.
+		advanceMany: `WITH v AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS v (t, i, first, last)
+), up AS (
+    UPDATE ` + schema + `.positions AS p SET last_seq = v.last, updated_at = now()
+    FROM v
+    WHERE p.consumer = $1 AND p.aggregate_type = v.t AND p.aggregate_id = v.i AND p.last_seq = v.first - 1
+    RETURNING p.aggregate_type, p.aggregate_id, p.parked
+), ins AS (
+    INSERT INTO ` + schema + `.positions (consumer, aggregate_type, aggregate_id, last_seq)
+    SELECT $1, v.t, v.i, v.last FROM v
+    WHERE (v.first = 1 OR $6) AND NOT EXISTS (SELECT 1 FROM up WHERE up.aggregate_type = v.t AND up.aggregate_id = v.i)
+    ON CONFLICT DO NOTHING
+    RETURNING parked
+)
+SELECT count(*), coalesce(sum(parked), 0) FROM (SELECT parked FROM up UNION ALL SELECT parked FROM ins) AS moved`,
+	}, nil
+}
+
+// Name returns the consumer name.
+func (p *Processor) Name() string { return p.name }
+
+// Dedupe returns the processed-keys store, for pruning.
+func (p *Processor) Dedupe() *dedupe.Store { return p.dedupe }
+
+// Ordering returns the position tracker, for the operator's view of gaps.
+func (p *Processor) Ordering() *ordering.Tracker { return p.ordering }
+
+// DeadLetters returns the dead-letter store, for listing.
+func (p *Processor) DeadLetters() *deadletter.Store { return p.dead }
+
+// Process applies rec in its own transaction and returns what happened. A
+// nil error means the record is done with (applied, duplicate, parked or
+// dead-lettered) and its offset may be committed. A non-nil error means it
+// is not: the database failed, ctx ended, or under ordering.GapFail the
+// record waits for a gap (*ordering.GapError); process it again later.
+//
+// Handler errors are retried with backoff up to Config.MaxAttempts (once
+// for a Permanent error); then the record is written to the dead-letter
+// table in a transaction of its own, and its aggregate's later records are
+// parked behind it.
+func (p *Processor) Process(ctx context.Context, rec *kgo.Record) (Result, error) {
+	res, err := p.processRecord(ctx, rec)
+	if p.cfg.Hooks != nil {
+		p.cfg.Hooks.OnRecord(ctx, rec, res, err)
+	}
+	return res, err
+}
+
+func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result, error) {
+	m, err := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+	if err != nil {
+		return p.deadLetter(ctx, m, err, 0)
+	}
+	return p.process(ctx, m)
+}
+
+func (p *Processor) process(ctx context.Context, m *Message) (Result, error) {
+	return p.processAfter(ctx, m, nil)
+}
+
+// processAfter is process for a record whose handler already ran once and
+// failed with prior (in a batch that was rolled back), so that batch mode
+// tries each record as often as single mode does; prior nil means a fresh
+// record.
+func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (Result, error) {
+	handlerRuns, attempt, err := 0, 0, prior
+	if prior != nil {
+		handlerRuns, attempt = 1, 1
+	}
+	for {
+		if err != nil {
+			if ctx.Err() != nil {
+				return Result{}, ctx.Err()
+			}
+			var gap *ordering.GapError
+			if errors.As(err, &gap) {
+				return Result{}, err
+			}
+			var ie *infraError
+			isInfra := errors.As(err, &ie)
+			if attempt >= p.cfg.MaxAttempts || (!isInfra && IsPermanent(err)) {
+				if isInfra {
+					return Result{}, err
+				}
+				return p.deadLetter(ctx, m, err, handlerRuns)
+			}
+			p.log.WarnContext(ctx, "consumer: record failed, will retry",
+				slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
+				slog.Int("attempt", attempt), slog.String("error", err.Error()))
+			if err := sleep(ctx, p.backoff(attempt)); err != nil {
+				return Result{}, err
+			}
+		}
+		attempt++
+		m.Attempt = attempt
+		var (
+			res Result
+			ran bool
+		)
+		res, ran, err = p.attemptOnce(ctx, m)
+		if ran {
+			handlerRuns++
+		}
+		if err == nil {
+			res.Attempts = handlerRuns
+			return res, nil
+		}
+	}
+}
+
+// attemptOnce runs one transaction for m. ran says whether the handler ran.
+func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, error) {
+	var (
+		tx  pgx.Tx
+		pre *claimed
+	)
+	if pool, ok := p.db.(poolAcquirer); ok {
+		// BEGIN travels with the claim: one round trip fewer per record.
+		sql, args := p.firstStatement(m)
+		var c claimed
+		ptx, release, err := beginWith(ctx, pool, sql, args, &c.fresh, &c.parked)
+		if err != nil {
+			return Result{}, false, infra(fmt.Errorf("consumer: begin and claim key: %w", err))
+		}
+		defer release()
+		tx, pre = ptx, &c
+	} else {
+		var err error
+		if tx, err = p.db.Begin(ctx); err != nil {
+			return Result{}, false, infra(fmt.Errorf("consumer: begin: %w", err))
+		}
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	res, ran, err := p.apply(ctx, tx, m, true, pre)
+	if err != nil {
+		return Result{}, ran, connectionLost(tx, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// A commit can fail because of the handler's deferred constraints
+		// or because the connection broke; either way the record is tried
+		// again and dedupe sorts out a commit that did land.
+		return Result{}, ran, connectionLost(tx, fmt.Errorf("consumer: commit: %w", err))
+	}
+	return res, ran, nil
+}
+
+// connectionLost turns an error that came with the loss of tx's connection
+// (the server restarted, the network failed) into an infrastructure error:
+// it says nothing about the record, which must not be dead-lettered for it.
+func connectionLost(tx pgx.Tx, err error) error {
+	var ie *infraError
+	if errors.As(err, &ie) {
+		return err
+	}
+	if tx.Conn().IsClosed() {
+		return infra(err)
+	}
+	return err
+}
+
+// claimed is the outcome of the hot path's first statement: whether the key
+// was fresh and, when the position moved, the aggregate's parked count.
+type claimed struct {
+	fresh  bool
+	parked *int
+}
+
+func (p *Processor) firstStatement(m *Message) (string, []any) {
+	if m.HasSeq() {
+		return p.claimAdvance, []any{p.name, m.AggregateType, m.AggregateID, m.Seq, m.IdempotencyKey}
+	}
+	return p.claimOnly, []any{p.name, m.IdempotencyKey}
+}
+
+// apply does the work of one record inside tx: claim, order, handle,
+// drain. It does not commit.
+func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool, pre *claimed) (Result, bool, error) {
+	var (
+		c     ordering.Check
+		known bool
+	)
+	if claim && pre == nil {
+		sql, args := p.firstStatement(m)
+		var c claimed
+		if err := tx.QueryRow(ctx, sql, args...).Scan(&c.fresh, &c.parked); err != nil {
+			return Result{}, false, infra(fmt.Errorf("consumer: claim key: %w", err))
+		}
+		pre = &c
+	}
+	if pre != nil {
+		if !pre.fresh {
+			return Result{Outcome: Duplicate}, false, nil
+		}
+		if pre.parked != nil {
+			c, known = ordering.Check{Verdict: ordering.InOrder, Last: m.Seq - 1, Parked: *pre.parked}, true
+		}
+	}
+	if !m.HasSeq() {
+		return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
+	}
+	agg := m.aggregate()
+	if !known {
+		var err error
+		if c, err = p.ordering.Check(ctx, tx, agg, m.Seq); err != nil {
+			return Result{}, false, infra(err)
+		}
+	}
+	switch c.Verdict {
+	case ordering.Duplicate:
+		if p.cfg.GapPolicy != ordering.GapIgnore {
+			return Result{Outcome: Duplicate}, false, nil
+		}
+		// Ignore: a late record is applied; dedupe vouched for it.
+		return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
+	case ordering.Gap:
+		if c.Held || p.cfg.GapPolicy == ordering.GapPark {
+			ok, err := p.ordering.Park(ctx, tx, agg, m.Seq, m.Record, m.IdempotencyKey)
+			if err != nil {
+				return Result{}, false, infra(err)
+			}
+			if !ok {
+				return Result{Outcome: Duplicate}, false, nil
+			}
+			p.log.InfoContext(ctx, "consumer: record parked behind a gap", slog.String("aggregate", agg.String()),
+				slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1), slog.Bool("held_by_dead_letter", c.Held))
+			return Result{Outcome: Parked}, false, nil
+		}
+		if p.cfg.GapPolicy == ordering.GapFail {
+			return Result{}, false, &ordering.GapError{Aggregate: agg, Want: c.Last + 1, Got: m.Seq}
+		}
+		p.log.WarnContext(ctx, "consumer: gap ignored", slog.String("aggregate", agg.String()),
+			slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1))
+		if err := p.call(ctx, tx, m); err != nil {
+			return Result{}, true, err
+		}
+		if _, _, err := p.ordering.SkipTo(ctx, tx, agg, m.Seq); err != nil {
+			return Result{}, true, infra(err)
+		}
+		return Result{Outcome: Applied}, true, nil
+	}
+	if err := p.call(ctx, tx, m); err != nil {
+		return Result{}, true, err
+	}
+	res := Result{Outcome: Applied}
+	if c.Parked > 0 {
+		n, err := p.drain(ctx, tx, agg)
+		if err != nil {
+			return Result{}, true, err
+		}
+		res.Drained = n
+	}
+	return res, true, nil
+}
+
+// drain applies agg's parked records that are now in line, each in a
+// savepoint with its own retries, so that a failing successor is
+// dead-lettered alone (in tx) and holds the rest, instead of undoing the
+// record that released it. Draining is rare; the savepoints cost nothing on
+// the hot path.
+func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate) (int, error) {
+	return p.ordering.Drain(ctx, tx, agg, func(ctx context.Context, pk *ordering.Parked) error {
+		m, perr := parse(pk.Record, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+		m.IdempotencyKey = pk.IdempotencyKey
+		m.Seq, m.AggregateType, m.AggregateID = pk.Seq, agg.Type, agg.ID
+		herr := perr
+		runs := 0
+		for attempt := 1; herr == nil; attempt++ {
+			m.Attempt = attempt
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return infra(fmt.Errorf("consumer: open savepoint: %w", err))
+			}
+			runs++
+			if herr = p.call(ctx, sp, m); herr == nil {
+				if err := sp.Commit(ctx); err != nil {
+					return infra(fmt.Errorf("consumer: release savepoint: %w", err))
+				}
+				return nil
+			}
+			if err := sp.Rollback(ctx); err != nil {
+				return infra(fmt.Errorf("consumer: roll back to savepoint: %w", err))
+			}
+			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
+				break
+			}
+			if err := sleep(ctx, p.backoff(attempt)); err != nil {
+				return err
+			}
+			herr = nil
+		}
+		// Give up on it inside tx: out of parked, into dead letters, and its
+		// key released so that a replay can claim it.
+		id, err := p.dead.Put(ctx, tx, p.letter(m, herr, runs))
+		if err != nil {
+			return infra(err)
+		}
+		if m.IdempotencyKey != "" {
+			if err := p.dedupe.Release(ctx, tx, m.IdempotencyKey); err != nil {
+				return infra(err)
+			}
+		}
+		p.log.ErrorContext(ctx, "consumer: parked record dead-lettered", slog.String("aggregate", agg.String()),
+			slog.Int64("seq", m.Seq), slog.Int64("dead_letter_id", id), slog.String("error", herr.Error()))
+		return ordering.ErrStopDrain
+	})
+}
+
+// call runs the handler, turning a panic into a *PanicError.
+func (p *Processor) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return p.h.Handle(ctx, tx, m)
+}
+
+func (p *Processor) letter(m *Message, err error, attempts int) *deadletter.Letter {
+	l := &deadletter.Letter{
+		Consumer: p.name, Record: m.Record, IdempotencyKey: m.IdempotencyKey,
+		AggregateType: m.AggregateType, AggregateID: m.AggregateID, Seq: m.Seq,
+		Error: err.Error(), Attempts: attempts,
+	}
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		l.Stack = string(pe.Stack)
+	}
+	return l
+}
+
+// deadLetter writes m to the dead-letter table in its own transaction and,
+// when m is sequenced, holds its aggregate so that later records park
+// behind it.
+func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, attempts int) (Result, error) {
+	var id int64
+	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
+		var err error
+		if id, err = p.dead.Put(ctx, tx, p.letter(m, cause, attempts)); err != nil {
+			return err
+		}
+		if m.HasSeq() {
+			return p.ordering.Hold(ctx, tx, m.aggregate(), m.Seq)
+		}
+		return nil
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("consumer: dead-letter record %s/%d@%d: %w", m.Topic, m.Partition, m.Offset, err)
+	}
+	p.log.ErrorContext(ctx, "consumer: record dead-lettered",
+		slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
+		slog.Int64("dead_letter_id", id), slog.Int("attempts", attempts), slog.String("error", cause.Error()))
+	return Result{Outcome: DeadLettered, DeadLetterID: id, Attempts: attempts, Err: cause}, nil
+}
+
+func (p *Processor) backoff(attempt int) time.Duration {
+	return backoff.Policy{Min: p.cfg.MinBackoff, Max: p.cfg.MaxBackoff}.Delay(attempt)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,140 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/ordering"
+)
+
+// ErrNotNext is returned by Discard for a dead letter whose aggregate still
+// misses an earlier sequence: discarding it would skip that one too.
+// Resolve the earlier gap or dead letter first.
+var ErrNotNext = errors.New("consumer: an earlier sequence of the aggregate is still missing")
+
+// Replay applies the open dead letter id again, in one transaction, through
+// the same path as a fresh record: the key is claimed, the sequence checked,
+// the handler run once (no retries: the operator sees the error), and the
+// successors parked behind it drained in order. The letter is marked
+// replayed in the same transaction, so a replay that succeeds applies the
+// effect exactly once (within the consumer's database), and one that fails
+// changes nothing. The record is parsed again with the current Config, so a
+// fix to KeyFunc takes effect.
+//
+// A record whose key was claimed meanwhile (it was redelivered and
+// succeeded) is a Duplicate and just marked replayed; one that is still
+// behind a gap is parked.
+func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
+	var res Result
+	err := p.dead.Replay(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
+		if l.Consumer != p.name {
+			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q", id, l.Consumer, p.name)
+		}
+		m, err := parse(l.Record, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+		if err != nil {
+			return fmt.Errorf("consumer: replay %d: %w", id, err)
+		}
+		m.Attempt, m.Replayed = 1, true
+		r, ran, err := p.apply(ctx, tx, m, true, nil)
+		if err != nil {
+			return fmt.Errorf("consumer: replay %d: %w", id, err)
+		}
+		if ran {
+			r.Attempts = 1
+		}
+		res = r
+		return nil
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	p.log.InfoContext(ctx, "consumer: dead letter replayed", "dead_letter_id", id, "outcome", res.Outcome.String(), "drained", res.Drained)
+	return res, nil
+}
+
+// Discard gives up on the open dead letter id for good: its key is claimed
+// (so a redelivery is skipped as a duplicate), and when it is sequenced its
+// aggregate's position moves past it as if it had been applied, releasing
+// the successors parked behind it, which are applied in order in the same
+// transaction. It returns how many were applied.
+func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
+	drained := 0
+	err := p.dead.Discard(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
+		if l.Consumer != p.name {
+			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q", id, l.Consumer, p.name)
+		}
+		if l.IdempotencyKey != "" {
+			if _, err := p.dedupe.Claim(ctx, tx, l.IdempotencyKey); err != nil {
+				return err
+			}
+		}
+		if l.Seq == 0 {
+			return nil
+		}
+		agg := ordering.Aggregate{Type: l.AggregateType, ID: l.AggregateID}
+		last, _, err := p.ordering.Position(ctx, tx, agg)
+		if err != nil {
+			return err
+		}
+		if last >= l.Seq {
+			return nil // already past it
+		}
+		if last < l.Seq-1 {
+			return fmt.Errorf("consumer: discard %d (seq %d of %s, position %d): %w", id, l.Seq, agg, last, ErrNotNext)
+		}
+		if _, _, err := p.ordering.SkipTo(ctx, tx, agg, l.Seq); err != nil {
+			return err
+		}
+		drained, err = p.drain(ctx, tx, agg)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	p.log.InfoContext(ctx, "consumer: dead letter discarded", "dead_letter_id", id, "drained", drained)
+	return drained, nil
+}
+
+// ResolveGap gives up on the missing sequences of agg's open gap (those
+// below its lowest parked record) and applies the parked records that are
+// then in line, in one transaction. It refuses a gap that is a dead letter:
+// replay or discard that instead. It returns how many records it applied.
+func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int, error) {
+	var (
+		n     int
+		found *ordering.OpenGap
+	)
+	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
+		gaps, err := p.ordering.Gaps(ctx, tx)
+		if err != nil {
+			return err
+		}
+		for i := range gaps {
+			if gaps[i].Aggregate == agg {
+				found = &gaps[i]
+			}
+		}
+		if found == nil {
+			return fmt.Errorf("consumer: %s has no open gap", agg)
+		}
+		if found.DeadLetterID != 0 {
+			return fmt.Errorf("consumer: the gap of %s is dead letter %d; replay or discard it", agg, found.DeadLetterID)
+		}
+		moved, _, err := p.ordering.SkipTo(ctx, tx, agg, found.FirstParked-1)
+		if err != nil || !moved {
+			return err
+		}
+		n, err = p.drain(ctx, tx, agg)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	p.log.WarnContext(ctx, "consumer: gap resolved by skipping", "aggregate", agg.String(),
+		"skipped_from", found.Expected, "skipped_to", found.FirstParked-1, "drained", n)
+	return n, nil
+}

@@ -1,0 +1,325 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/recordsql"
+)
+
+// Status is what became of a dead letter.
+type Status string
+
+const (
+	// StatusDead: waiting for an operator. Its aggregate's later records are
+	// parked behind it.
+	StatusDead Status = "dead"
+	// StatusReplayed: applied by Replay.
+	StatusReplayed Status = "replayed"
+	// StatusDiscarded: given up on by Discard; its successors were released.
+	StatusDiscarded Status = "discarded"
+)
+
+var (
+	// ErrNotFound is returned for an id that has no dead letter.
+	ErrNotFound = errors.New("deadletter: not found")
+	// ErrResolved is returned by Replay and Discard for a letter that was
+	// replayed or discarded already.
+	ErrResolved = errors.New("deadletter: already replayed or discarded")
+)
+
+// Letter is one dead record.
+type Letter struct {
+	ID       int64
+	Consumer string
+	// Record is the record as it arrived.
+	Record *kgo.Record
+	// IdempotencyKey is the key the record was to be claimed under; empty
+	// when it had none (which may be why it is here).
+	IdempotencyKey string
+	// AggregateType, AggregateID and Seq are the record's ordering fields;
+	// Seq is 0 when the record had no sequence.
+	AggregateType, AggregateID string
+	Seq                        int64
+	// Error is why the record failed; Stack is the handler's stack when it
+	// panicked.
+	Error, Stack string
+	// Attempts counts the tries, over all deliveries.
+	Attempts      int
+	FirstFailedAt time.Time
+	LastFailedAt  time.Time
+	Status        Status
+	// ResolvedAt is when it was replayed or discarded.
+	ResolvedAt *time.Time
+}
+
+// Querier runs SQL; pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config tunes a Store. The zero value is valid.
+type Config struct {
+	// Schema holds the dead_letters table. Default outbox.DefaultSchema.
+	Schema string
+}
+
+// Store reads and writes dead letters. It is safe for concurrent use.
+type Store struct {
+	table string
+}
+
+// New returns a store.
+func New(cfg *Config) *Store {
+	schema := outbox.DefaultSchema
+	if cfg != nil && cfg.Schema != "" {
+		schema = cfg.Schema
+	}
+	return &Store{table: pgx.Identifier{schema}.Sanitize() + ".dead_letters"}
+}
+
+const columns = `id, consumer, topic, kafka_partition, kafka_offset, record_key, value, header_keys, header_values,
+    record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts,
+    first_failed_at, last_failed_at, status, resolved_at`
+
+// Put stores l (its ID, times and Status are ignored) in tx and returns its
+// id. A letter for the same consumer and record already there is updated:
+// attempts add up, the error is the newest, and it is dead again.
+func (s *Store) Put(ctx context.Context, tx Querier, l *Letter) (int64, error) {
+	if l.Consumer == "" || l.Record == nil {
+		return 0, errors.New("deadletter: put: letter needs a consumer and a record")
+	}
+	r := l.Record
+	keys, values := recordsql.Split(r.Headers)
+	var recTime *time.Time
+	if !r.Timestamp.IsZero() {
+		recTime = &r.Timestamp
+	}
+	var id int64
+	// The upsert keeps one row per record: a redelivered failure must not
+	// look like a second poison record to the operator.
+	err := tx.QueryRow(ctx, `INSERT INTO `+s.table+` AS d (consumer, topic, kafka_partition, kafka_offset, record_key, value,
+    header_keys, header_values, record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) DO UPDATE
+SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error, stack = EXCLUDED.stack,
+    last_failed_at = now(), status = 'dead', resolved_at = NULL
+RETURNING id`,
+		l.Consumer, recordsql.TextSafe(r.Topic), r.Partition, r.Offset, r.Key, r.Value, keys, values, recTime,
+		nullString(l.IdempotencyKey), aggField(l.AggregateType, l.Seq), aggField(l.AggregateID, l.Seq), nullSeq(l.Seq),
+		recordsql.TextSafe(l.Error), nullString(l.Stack), max(l.Attempts, 1)).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("deadletter: put: %w", err)
+	}
+	return id, nil
+}
+
+// Get returns the letter with id, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, db Querier, id int64) (*Letter, error) {
+	return s.get(ctx, db, id, "")
+}
+
+func (s *Store) get(ctx context.Context, db Querier, id int64, suffix string) (*Letter, error) {
+	rows, err := db.Query(ctx, `SELECT `+columns+` FROM `+s.table+` WHERE id = $1`+suffix, id)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: get %d: %w", id, err)
+	}
+	ls, err := collect(rows)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: get %d: %w", id, err)
+	}
+	if len(ls) == 0 {
+		return nil, fmt.Errorf("deadletter: get %d: %w", id, ErrNotFound)
+	}
+	return ls[0], nil
+}
+
+// ListOpts filters List. Zero fields do not filter.
+type ListOpts struct {
+	Consumer      string
+	Topic         string
+	Status        Status
+	AggregateType string
+	AggregateID   string
+	// AfterID pages: only letters with a larger id.
+	AfterID int64
+	// Limit bounds the result. Default 100.
+	Limit int
+}
+
+// List returns letters matching opts, oldest (lowest id) first.
+func (s *Store) List(ctx context.Context, db Querier, opts *ListOpts) ([]*Letter, error) {
+	if opts == nil {
+		opts = &ListOpts{}
+	}
+	var (
+		where []string
+		args  []any
+	)
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+	}
+	if opts.Consumer != "" {
+		add("consumer = ?", opts.Consumer)
+	}
+	if opts.Topic != "" {
+		add("topic = ?", opts.Topic)
+	}
+	if opts.Status != "" {
+		add("status = ?", string(opts.Status))
+	}
+	if opts.AggregateType != "" {
+		add("aggregate_type = ?", opts.AggregateType)
+	}
+	if opts.AggregateID != "" {
+		add("aggregate_id = ?", opts.AggregateID)
+	}
+	add("id > ?", opts.AfterID)
+	limit := opts.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	args = append(args, limit)
+	sql := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE ` + strings.Join(where, " AND ") +
+		` ORDER BY id LIMIT $` + strconv.Itoa(len(args))
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: list: %w", err)
+	}
+	ls, err := collect(rows)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: list: %w", err)
+	}
+	return ls, nil
+}
+
+// Beginner starts a transaction; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy
+// it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// ResolveFunc does the work of a replay or discard inside tx, with the
+// letter's row locked.
+type ResolveFunc func(ctx context.Context, tx pgx.Tx, l *Letter) error
+
+// Replay runs fn for the open letter id in one transaction that also marks
+// it replayed. If fn fails, nothing changes and its error is returned. A
+// letter that is not open gives ErrResolved.
+func (s *Store) Replay(ctx context.Context, db Beginner, id int64, fn ResolveFunc) error {
+	return s.resolve(ctx, db, id, StatusReplayed, fn)
+}
+
+// Discard marks the open letter id discarded, running fn (which may be nil)
+// in the same transaction.
+func (s *Store) Discard(ctx context.Context, db Beginner, id int64, fn ResolveFunc) error {
+	return s.resolve(ctx, db, id, StatusDiscarded, fn)
+}
+
+func (s *Store) resolve(ctx context.Context, db Beginner, id int64, to Status, fn ResolveFunc) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("deadletter: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// FOR UPDATE: a second replay of the same letter waits here and then
+	// finds it resolved.
+	l, err := s.get(ctx, tx, id, ` FOR UPDATE`)
+	if err != nil {
+		return err
+	}
+	if l.Status != StatusDead {
+		return fmt.Errorf("deadletter: letter %d is %s: %w", id, l.Status, ErrResolved)
+	}
+	if fn != nil {
+		if err := fn(ctx, tx, l); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+s.table+` SET status = $2, resolved_at = now() WHERE id = $1`, id, string(to)); err != nil {
+		return fmt.Errorf("deadletter: mark %d %s: %w", id, to, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("deadletter: commit: %w", err)
+	}
+	return nil
+}
+
+func collect(rows pgx.Rows) ([]*Letter, error) {
+	defer rows.Close()
+	var out []*Letter
+	for rows.Next() {
+		var (
+			l                       = Letter{Record: &kgo.Record{}}
+			keys                    []string
+			values                  [][]byte
+			recTime                 *time.Time
+			ikey, atype, aid, stack *string
+			seq                     *int64
+			status                  string
+		)
+		if err := rows.Scan(&l.ID, &l.Consumer, &l.Record.Topic, &l.Record.Partition, &l.Record.Offset, &l.Record.Key,
+			&l.Record.Value, &keys, &values, &recTime, &ikey, &atype, &aid, &seq, &l.Error, &stack, &l.Attempts,
+			&l.FirstFailedAt, &l.LastFailedAt, &status, &l.ResolvedAt); err != nil {
+			return nil, err
+		}
+		l.Record.Headers = recordsql.Join(keys, values)
+		if recTime != nil {
+			l.Record.Timestamp = *recTime
+		}
+		l.IdempotencyKey = deref(ikey)
+		l.AggregateType = deref(atype)
+		l.AggregateID = deref(aid)
+		l.Stack = deref(stack)
+		if seq != nil {
+			l.Seq = *seq
+		}
+		l.Status = Status(status)
+		out = append(out, &l)
+	}
+	return out, rows.Err()
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	s = recordsql.TextSafe(s)
+	return &s
+}
+
+func nullSeq(seq int64) *int64 {
+	if seq <= 0 {
+		return nil
+	}
+	return &seq
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// aggField keeps an empty aggregate type or id of a sequenced record as ”
+// (not NULL), so that ordering's lookups by aggregate find it.
+func aggField(s string, seq int64) *string {
+	if seq > 0 {
+		s = recordsql.TextSafe(s)
+		return &s
+	}
+	return nullString(s)
+}

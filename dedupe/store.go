@@ -1,0 +1,181 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/d419a114/outbox"
+)
+
+// DefaultRetention is how long keys are kept unless Config says otherwise.
+const DefaultRetention = 7 * 24 * time.Hour
+
+// ErrEmptyKey is returned when a claim is asked for an empty key: an empty
+// key would make every keyless message a duplicate of the first.
+var ErrEmptyKey = errors.New("dedupe: empty key")
+
+// Querier runs SQL. pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it; claims
+// are meant to run in a pgx.Tx that also holds the effect.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Config tunes a Store. The zero value is valid.
+type Config struct {
+	// Schema holds the processed_keys table. Default outbox.DefaultSchema.
+	Schema string
+	// Retention is how long a key is kept after it was claimed. It must
+	// outlast every way a record can be delivered again. Default 7 days.
+	Retention time.Duration
+	// PruneBatchSize bounds the rows one DELETE of Prune removes, so that
+	// pruning never holds long locks or builds one huge transaction.
+	// Default 5000.
+	PruneBatchSize int
+}
+
+// Store claims keys for one consumer. It is safe for concurrent use.
+type Store struct {
+	consumer  string
+	retention time.Duration
+	batch     int
+	claimSQL  string
+	claimMany string
+	pruneSQL  string
+	release   string
+}
+
+// New returns the store of the named consumer. Consumers with different
+// names deduplicate independently.
+func New(consumer string, cfg *Config) (*Store, error) {
+	if consumer == "" {
+		return nil, errors.New("dedupe: empty consumer name; name the consumer, for example after its service")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	schema := cfg.Schema
+	if schema == "" {
+		schema = outbox.DefaultSchema
+	}
+	retention := cfg.Retention
+	if retention == 0 {
+		retention = DefaultRetention
+	}
+	if retention < 0 {
+		return nil, fmt.Errorf("dedupe: negative retention %s", retention)
+	}
+	batch := cfg.PruneBatchSize
+	if batch == 0 {
+		batch = 5000
+	}
+	if batch < 0 {
+		return nil, fmt.Errorf("dedupe: negative prune batch size %d", batch)
+	}
+	table := pgx.Identifier{schema}.Sanitize() + ".processed_keys"
+	return &Store{
+		consumer:  consumer,
+		retention: retention,
+		batch:     batch,
+		// ON CONFLICT DO NOTHING lets the primary key arbitrate races: the
+		// loser waits for the winner's transaction and then inserts nothing.
+		claimSQL:  `INSERT INTO ` + table + ` (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		claimMany: `INSERT INTO ` + table + ` (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k ON CONFLICT DO NOTHING RETURNING key`,
+		release:   `DELETE FROM ` + table + ` WHERE consumer = $1 AND key = $2`,
+		// ctid batches keep each DELETE bounded; the BRIN index on
+		// processed_at finds the old block ranges.
+		pruneSQL: `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM ` + table + ` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`,
+	}, nil
+}
+
+// Consumer returns the consumer name the store claims for.
+func (s *Store) Consumer() string { return s.consumer }
+
+// Retention returns the configured retention window.
+func (s *Store) Retention() time.Duration { return s.retention }
+
+// Claim claims key inside tx and reports whether this transaction got it.
+// False means the key was claimed before (by a committed transaction, or by
+// a concurrent one that then committed): the caller must skip the effect. A
+// concurrent claimer of the same key blocks until the first one ends.
+func (s *Store) Claim(ctx context.Context, tx Querier, key string) (bool, error) {
+	if key == "" {
+		return false, ErrEmptyKey
+	}
+	tag, err := tx.Exec(ctx, s.claimSQL, s.consumer, key)
+	if err != nil {
+		return false, fmt.Errorf("dedupe: claim key: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ClaimMany claims keys in one statement and reports, per key, whether this
+// transaction got it. A key repeated within keys is claimed at its first
+// position only.
+func (s *Store) ClaimMany(ctx context.Context, tx Querier, keys []string) ([]bool, error) {
+	for _, k := range keys {
+		if k == "" {
+			return nil, ErrEmptyKey
+		}
+	}
+	rows, err := tx.Query(ctx, s.claimMany, s.consumer, keys)
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claim keys: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: claim keys: %w", err)
+	}
+	fresh := make(map[string]bool, len(got))
+	for _, k := range got {
+		fresh[k] = true
+	}
+	out := make([]bool, len(keys))
+	for i, k := range keys {
+		if fresh[k] {
+			out[i] = true
+			delete(fresh, k) // later repeats are duplicates
+		}
+	}
+	return out, nil
+}
+
+// Release removes the claim of key inside tx, so that the key can be
+// claimed again: for a record that was taken into custody (parked) and then
+// given up on, so that a later replay is not mistaken for a duplicate.
+func (s *Store) Release(ctx context.Context, tx Querier, key string) error {
+	if _, err := tx.Exec(ctx, s.release, s.consumer, key); err != nil {
+		return fmt.Errorf("dedupe: release key: %w", err)
+	}
+	return nil
+}
+
+// Prune deletes this consumer's keys claimed longer ago than the retention
+// window, in batches of PruneBatchSize, each its own statement, until none
+// is left or ctx ends. It returns how many keys it deleted. Run it
+// periodically on the primary.
+func (s *Store) Prune(ctx context.Context, db Querier) (int64, error) {
+	return s.PruneBefore(ctx, db, time.Now().Add(-s.retention))
+}
+
+// PruneBefore is Prune with an explicit cutoff: it deletes keys claimed
+// before cutoff.
+func (s *Store) PruneBefore(ctx context.Context, db Querier, cutoff time.Time) (int64, error) {
+	var total int64
+	for {
+		tag, err := db.Exec(ctx, s.pruneSQL, s.consumer, cutoff, s.batch)
+		if err != nil {
+			return total, fmt.Errorf("dedupe: prune keys: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(s.batch) {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,468 @@
+package ordering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/recordsql"
+)
+
+// GapPolicy says what to do with a record that arrives ahead of a gap.
+type GapPolicy int
+
+const (
+	// GapPark stores the record in the parked table and applies it when the
+	// gap fills. The partition keeps flowing. The default.
+	GapPark GapPolicy = iota
+	// GapFail refuses the record with a *GapError, so that the partition
+	// stops and retries it until the gap fills.
+	GapFail
+	// GapIgnore applies the record, moves the position to it and reports
+	// the gap. Records that arrive later with a lower sequence are applied
+	// too (dedupe still catches real duplicates): ordering becomes advisory.
+	GapIgnore
+)
+
+func (p GapPolicy) String() string {
+	switch p {
+	case GapPark:
+		return "park"
+	case GapFail:
+		return "fail"
+	case GapIgnore:
+		return "ignore"
+	}
+	return fmt.Sprintf("GapPolicy(%d)", int(p))
+}
+
+// FirstSeenPolicy says how to treat an aggregate's first record when its
+// sequence is above 1. See the package documentation for why the default
+// is FirstSeenStrict.
+type FirstSeenPolicy int
+
+const (
+	// FirstSeenStrict treats the record as a gap after sequence 0: it is
+	// parked until the sequences before it are applied. The default.
+	FirstSeenStrict FirstSeenPolicy = iota
+	// FirstSeenBaseline applies the record and takes its sequence as the
+	// aggregate's starting point; an earlier record arriving later is then
+	// skipped as a duplicate.
+	FirstSeenBaseline
+)
+
+// Verdict is how a record's sequence relates to its aggregate's position.
+type Verdict int
+
+const (
+	// InOrder: the record is the next one; the position now points at it.
+	InOrder Verdict = iota + 1
+	// Duplicate: the sequence was applied before.
+	Duplicate
+	// Gap: predecessors are missing.
+	Gap
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case InOrder:
+		return "in_order"
+	case Duplicate:
+		return "duplicate"
+	case Gap:
+		return "gap"
+	}
+	return fmt.Sprintf("Verdict(%d)", int(v))
+}
+
+// Aggregate names the entity a sequence belongs to.
+type Aggregate struct {
+	Type string
+	ID   string
+}
+
+func (a Aggregate) String() string { return a.Type + "/" + a.ID }
+
+// GapError is returned under GapFail for a record that arrived ahead of a
+// gap. It is retryable: the record applies once its predecessors have.
+type GapError struct {
+	Aggregate Aggregate
+	// Want is the sequence the aggregate waits for; Got is the record's.
+	Want, Got int64
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("ordering: gap in %s: want seq %d, got %d", e.Aggregate, e.Want, e.Got)
+}
+
+// Check is the outcome of Tracker.Check.
+type Check struct {
+	Verdict Verdict
+	// Last is the position before the check: the last sequence applied, 0
+	// when none. For InOrder it is Seq-1.
+	Last int64
+	// Parked is how many records of the aggregate wait in the parked table.
+	Parked int
+	// Held is set on a Gap when an open dead letter of the aggregate lies
+	// inside the gap: the record must be parked whatever the policy.
+	Held bool
+}
+
+// Querier runs SQL; pgx.Tx satisfies it. The tracker's methods that change
+// state must run in the transaction that holds the record's effect.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config tunes a Tracker. The zero value is valid.
+type Config struct {
+	// Schema holds the tables. Default outbox.DefaultSchema.
+	Schema string
+	// GapPolicy applies to records that arrive ahead of a gap. Default
+	// GapPark.
+	GapPolicy GapPolicy
+	// FirstSeen applies to an aggregate's first record when its sequence is
+	// above 1. Default FirstSeenStrict.
+	FirstSeen FirstSeenPolicy
+}
+
+// Tracker keeps the positions of one consumer. It is safe for concurrent
+// use; the row lock on an aggregate's position orders concurrent
+// transactions on that aggregate.
+type Tracker struct {
+	consumer string
+	cfg      Config
+	sql      statements
+}
+
+type statements struct {
+	advance, lock, held, park, bumpParked, pop, setLast, hold, skipTo, gaps string
+}
+
+// New returns the tracker of the named consumer.
+func New(consumer string, cfg *Config) (*Tracker, error) {
+	if consumer == "" {
+		return nil, errors.New("ordering: empty consumer name; name the consumer, for example after its service")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := *cfg
+	if c.Schema == "" {
+		c.Schema = outbox.DefaultSchema
+	}
+	if c.GapPolicy < GapPark || c.GapPolicy > GapIgnore {
+		return nil, fmt.Errorf("ordering: unknown gap policy %d", int(c.GapPolicy))
+	}
+	if c.FirstSeen < FirstSeenStrict || c.FirstSeen > FirstSeenBaseline {
+		return nil, fmt.Errorf("ordering: unknown first-seen policy %d", int(c.FirstSeen))
+	}
+	s := pgx.Identifier{c.Schema}.Sanitize()
+	pos, parked, dl := s+".positions", s+".parked", s+".dead_letters"
+	const key = `consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`
+	return &Tracker{consumer: consumer, cfg: c, sql: statements{
+		// The hot path in one statement: move an existing position from
+		// seq-1 to seq, or create the position of an aggregate never seen
+		// (at seq 1, or at any seq when $5 says baseline). Both branches
+		// see one snapshot; the insert runs only when the update matched
+		// nothing, and ON CONFLICT DO NOTHING makes it a no-op when the row
+		// exists at another sequence (or a concurrent transaction just
+		// created it), which leaves the slow path to classify.
+		advance: `WITH up AS (
+    UPDATE ` + pos + ` SET last_seq = $4, updated_at = now()
+    WHERE ` + key + ` AND last_seq = $4 - 1
+    RETURNING parked
+), ins AS (
+    INSERT INTO ` + pos + ` (consumer, aggregate_type, aggregate_id, last_seq)
+    SELECT $1, $2, $3, $4 WHERE ($4 = 1 OR $5) AND NOT EXISTS (SELECT 1 FROM up)
+    ON CONFLICT DO NOTHING
+    RETURNING parked
+)
+SELECT parked FROM up UNION ALL SELECT parked FROM ins`,
+		// FOR UPDATE: the verdict holds until this transaction ends.
+		lock: `SELECT last_seq, parked FROM ` + pos + ` WHERE ` + key + ` FOR UPDATE`,
+		// Served by the partial index dead_letters_open.
+		held: `SELECT EXISTS (SELECT 1 FROM ` + dl + ` WHERE ` + key + ` AND status = 'dead' AND aggregate_seq > $4 AND aggregate_seq < $5)`,
+		park: `INSERT INTO ` + parked + ` (consumer, aggregate_type, aggregate_id, seq, topic, kafka_partition, kafka_offset,
+    record_key, value, header_keys, header_values, record_time, idempotency_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING`,
+		// A strict first sighting parks before any position exists: create
+		// it at 0 so the count has a home and seq 1 takes the hot path.
+		bumpParked: `INSERT INTO ` + pos + ` AS p (consumer, aggregate_type, aggregate_id, last_seq, parked) VALUES ($1, $2, $3, 0, 1)
+ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET parked = p.parked + 1, updated_at = now()`,
+		pop: `WITH next AS (
+    DELETE FROM ` + parked + ` k USING ` + pos + ` p
+    WHERE k.consumer = $1 AND k.aggregate_type = $2 AND k.aggregate_id = $3
+      AND p.consumer = k.consumer AND p.aggregate_type = k.aggregate_type AND p.aggregate_id = k.aggregate_id
+      AND k.seq = p.last_seq + 1
+    RETURNING k.seq, k.topic, k.kafka_partition, k.kafka_offset, k.record_key, k.value, k.header_keys, k.header_values,
+              k.record_time, k.idempotency_key, k.parked_at
+), dec AS (
+    UPDATE ` + pos + ` SET parked = parked - (SELECT count(*) FROM next) WHERE ` + key + ` AND EXISTS (SELECT 1 FROM next)
+)
+SELECT * FROM next`,
+		setLast: `UPDATE ` + pos + ` SET last_seq = $4, updated_at = now() WHERE ` + key + ` AND last_seq < $4`,
+		hold:    `INSERT INTO ` + pos + ` (consumer, aggregate_type, aggregate_id, last_seq) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+		skipTo:  `UPDATE ` + pos + ` SET last_seq = $4, updated_at = now() WHERE ` + key + ` AND last_seq < $4 RETURNING parked`,
+		gaps: `SELECT p.aggregate_type, p.aggregate_id, p.last_seq, count(*), min(k.seq), min(k.parked_at),
+       (SELECT d.id FROM ` + dl + ` d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
+            AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq = p.last_seq + 1 LIMIT 1)
+FROM ` + pos + ` p JOIN ` + parked + ` k USING (consumer, aggregate_type, aggregate_id)
+WHERE p.consumer = $1
+GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
+ORDER BY min(k.parked_at), p.aggregate_type, p.aggregate_id`,
+	}}, nil
+}
+
+// Consumer returns the consumer name.
+func (t *Tracker) Consumer() string { return t.consumer }
+
+// Policy returns the gap policy.
+func (t *Tracker) Policy() GapPolicy { return t.cfg.GapPolicy }
+
+// advanceSQL returns the hot-path statement and its arguments for a record
+// of agg at seq: a row (the parked count) means InOrder and the position
+// moved; no row means the slow path must classify the record.
+func (t *Tracker) advanceSQL(agg Aggregate, seq int64) (string, []any) {
+	return t.sql.advance, []any{t.consumer, agg.Type, agg.ID, seq, t.cfg.FirstSeen == FirstSeenBaseline}
+}
+
+// Check classifies seq for agg inside tx. On InOrder the position has
+// already moved to seq in tx, so the caller must apply the record in tx or
+// roll back. On Duplicate and Gap nothing changed; the position's row stays
+// locked until tx ends. seq must be at least 1.
+func (t *Tracker) Check(ctx context.Context, tx Querier, agg Aggregate, seq int64) (Check, error) {
+	if seq < 1 {
+		return Check{}, fmt.Errorf("ordering: sequence %d of %s is below 1", seq, agg)
+	}
+	for range 2 {
+		sql, args := t.advanceSQL(agg, seq)
+		var parked int
+		err := tx.QueryRow(ctx, sql, args...).Scan(&parked)
+		if err == nil {
+			return Check{Verdict: InOrder, Last: seq - 1, Parked: parked}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Check{}, fmt.Errorf("ordering: advance position: %w", err)
+		}
+		var last int64
+		err = tx.QueryRow(ctx, t.sql.lock, t.consumer, agg.Type, agg.ID).Scan(&last, &parked)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Never seen and not accepted as a baseline: strict.
+			if seq == 1 || t.cfg.FirstSeen == FirstSeenBaseline {
+				continue // a concurrent transaction rolled back its insert; retry
+			}
+			return t.gap(ctx, tx, agg, 0, seq, 0)
+		}
+		if err != nil {
+			return Check{}, fmt.Errorf("ordering: lock position: %w", err)
+		}
+		switch {
+		case seq <= last:
+			return Check{Verdict: Duplicate, Last: last, Parked: parked}, nil
+		case seq == last+1:
+			continue // moved under us between the two statements; retry
+		default:
+			return t.gap(ctx, tx, agg, last, seq, parked)
+		}
+	}
+	return Check{}, fmt.Errorf("ordering: position of %s keeps moving; retry", agg)
+}
+
+func (t *Tracker) gap(ctx context.Context, tx Querier, agg Aggregate, last, seq int64, parked int) (Check, error) {
+	var held bool
+	if err := tx.QueryRow(ctx, t.sql.held, t.consumer, agg.Type, agg.ID, last, seq).Scan(&held); err != nil {
+		return Check{}, fmt.Errorf("ordering: look for dead letters holding %s: %w", agg, err)
+	}
+	return Check{Verdict: Gap, Last: last, Parked: parked, Held: held}, nil
+}
+
+// Parked is a record waiting in the parked table.
+type Parked struct {
+	Aggregate Aggregate
+	Seq       int64
+	// Record is the record as it arrived: topic, partition, offset, key,
+	// value, headers and timestamp.
+	Record *kgo.Record
+	// IdempotencyKey is the key the record was claimed under, if any.
+	IdempotencyKey string
+	ParkedAt       time.Time
+}
+
+// Park stores rec in tx to be applied after its predecessors, and reports
+// whether it was stored: false means a record with this sequence is parked
+// already (a duplicate).
+func (t *Tracker) Park(ctx context.Context, tx Querier, agg Aggregate, seq int64, rec *kgo.Record, idempotencyKey string) (bool, error) {
+	keys, values := recordsql.Split(rec.Headers)
+	var ts *time.Time
+	if !rec.Timestamp.IsZero() {
+		ts = &rec.Timestamp
+	}
+	var ik *string
+	if idempotencyKey != "" {
+		ik = &idempotencyKey
+	}
+	tag, err := tx.Exec(ctx, t.sql.park, t.consumer, agg.Type, agg.ID, seq, rec.Topic, rec.Partition, rec.Offset,
+		rec.Key, rec.Value, keys, values, ts, ik)
+	if err != nil {
+		return false, fmt.Errorf("ordering: park record: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return false, nil
+	}
+	if _, err := tx.Exec(ctx, t.sql.bumpParked, t.consumer, agg.Type, agg.ID); err != nil {
+		return false, fmt.Errorf("ordering: count parked record: %w", err)
+	}
+	return true, nil
+}
+
+// ErrStopDrain, returned by a Drain callback, stops draining without an
+// error and without moving the position past the record it was given. The
+// callback must have disposed of the record (dead-lettered it, typically),
+// since Drain already took it out of the parked table.
+var ErrStopDrain = errors.New("ordering: stop draining")
+
+// Drain applies agg's parked records that are next in line, in sequence
+// order, inside tx: it takes each out of the parked table, calls apply, and
+// moves the position to it. It stops at the first missing sequence, when
+// apply returns ErrStopDrain, or at apply's first other error (which it
+// returns; the caller should roll back). It returns how many it applied.
+func (t *Tracker) Drain(ctx context.Context, tx Querier, agg Aggregate, apply func(context.Context, *Parked) error) (int, error) {
+	n := 0
+	for {
+		p, err := t.pop(ctx, tx, agg)
+		if err != nil || p == nil {
+			return n, err
+		}
+		if err := apply(ctx, p); err != nil {
+			if errors.Is(err, ErrStopDrain) {
+				return n, nil
+			}
+			return n, err
+		}
+		if _, err := tx.Exec(ctx, t.sql.setLast, t.consumer, agg.Type, agg.ID, p.Seq); err != nil {
+			return n, fmt.Errorf("ordering: advance position: %w", err)
+		}
+		n++
+	}
+}
+
+func (t *Tracker) pop(ctx context.Context, tx Querier, agg Aggregate) (*Parked, error) {
+	var (
+		p        = Parked{Aggregate: agg, Record: &kgo.Record{}}
+		keys     []string
+		values   [][]byte
+		recTime  *time.Time
+		idemKey  *string
+		parkedAt time.Time
+	)
+	err := tx.QueryRow(ctx, t.sql.pop, t.consumer, agg.Type, agg.ID).Scan(&p.Seq, &p.Record.Topic, &p.Record.Partition,
+		&p.Record.Offset, &p.Record.Key, &p.Record.Value, &keys, &values, &recTime, &idemKey, &parkedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ordering: take parked record: %w", err)
+	}
+	p.Record.Headers = recordsql.Join(keys, values)
+	if recTime != nil {
+		p.Record.Timestamp = *recTime
+	}
+	if idemKey != nil {
+		p.IdempotencyKey = *idemKey
+	}
+	p.ParkedAt = parkedAt
+	return &p, nil
+}
+
+// Hold makes sure agg has a position, at seq-1 if it has none, so that
+// records after seq see a gap and are parked until seq is resolved. Call it
+// when seq is dead-lettered, in the dead letter's transaction.
+func (t *Tracker) Hold(ctx context.Context, tx Querier, agg Aggregate, seq int64) error {
+	if _, err := tx.Exec(ctx, t.sql.hold, t.consumer, agg.Type, agg.ID, seq-1); err != nil {
+		return fmt.Errorf("ordering: hold %s: %w", agg, err)
+	}
+	return nil
+}
+
+// SkipTo gives up on agg's sequences up to and including seq: the position
+// moves to seq if it is below it. It reports whether it moved and how many
+// records are parked. Call Drain next, in the same transaction, to apply the
+// records that are now in line.
+func (t *Tracker) SkipTo(ctx context.Context, tx Querier, agg Aggregate, seq int64) (bool, int, error) {
+	var parked int
+	err := tx.QueryRow(ctx, t.sql.skipTo, t.consumer, agg.Type, agg.ID, seq).Scan(&parked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("ordering: skip %s to %d: %w", agg, seq, err)
+	}
+	return true, parked, nil
+}
+
+// OpenGap is an aggregate with records parked behind missing sequences.
+type OpenGap struct {
+	Aggregate Aggregate
+	// Last is the last sequence applied; Expected = Last+1 is missing.
+	Last, Expected int64
+	// FirstParked is the lowest parked sequence; the gap is
+	// Expected..FirstParked-1.
+	FirstParked int64
+	// Parked is how many records wait.
+	Parked int
+	// Since is when the oldest of them was parked.
+	Since time.Time
+	// DeadLetterID is the open dead letter at Expected, when the gap is a
+	// dead-lettered record rather than a missing one; 0 otherwise.
+	DeadLetterID int64
+}
+
+// Gaps lists the consumer's open gaps, oldest first.
+func (t *Tracker) Gaps(ctx context.Context, db Querier) ([]OpenGap, error) {
+	rows, err := db.Query(ctx, t.sql.gaps, t.consumer)
+	if err != nil {
+		return nil, fmt.Errorf("ordering: list gaps: %w", err)
+	}
+	var out []OpenGap
+	for rows.Next() {
+		var g OpenGap
+		var dl *int64
+		if err := rows.Scan(&g.Aggregate.Type, &g.Aggregate.ID, &g.Last, &g.Parked, &g.FirstParked, &g.Since, &dl); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("ordering: list gaps: %w", err)
+		}
+		g.Expected = g.Last + 1
+		if dl != nil {
+			g.DeadLetterID = *dl
+		}
+		out = append(out, g)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ordering: list gaps: %w", err)
+	}
+	return out, nil
+}
+
+// Position returns agg's last applied sequence, 0 and false when it has
+// none.
+func (t *Tracker) Position(ctx context.Context, db Querier, agg Aggregate) (int64, bool, error) {
+	var last int64
+	err := db.QueryRow(ctx, `SELECT last_seq FROM `+pgx.Identifier{t.cfg.Schema}.Sanitize()+`.positions WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
+		t.consumer, agg.Type, agg.ID).Scan(&last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("ordering: read position: %w", err)
+	}
+	return last, true, nil
+}

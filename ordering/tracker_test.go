@@ -1,0 +1,290 @@
+package ordering_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/ordering"
+)
+
+var agg = ordering.Aggregate{Type: "order", ID: "o-1"}
+
+func TestNew(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		consumer string
+		cfg      *ordering.Config
+		wantErr  string
+	}{
+		{"Defaults", "svc", nil, ""},
+		{"EmptyConsumer", "", nil, "empty consumer name"},
+		{"UnknownGapPolicy", "svc", &ordering.Config{GapPolicy: 9}, "unknown gap policy"},
+		{"UnknownFirstSeen", "svc", &ordering.Config{FirstSeen: -1}, "unknown first-seen policy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tr, err := ordering.New(tt.consumer, tt.cfg)
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, ordering.GapPark, tr.Policy())
+		})
+	}
+}
+
+func TestTracker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	setup := func(t *testing.T, cfg *ordering.Config) (*ordering.Tracker, *pgtest.DB) {
+		t.Helper()
+		db := pgtest.New(t, nil)
+		if cfg == nil {
+			cfg = &ordering.Config{}
+		}
+		cfg.Schema = db.Schema
+		tr, err := ordering.New("svc", cfg)
+		require.NoError(t, err)
+		return tr, db
+	}
+	inTx := func(t *testing.T, db *pgtest.DB, fn func(tx pgx.Tx)) {
+		t.Helper()
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		fn(tx)
+		require.NoError(t, tx.Commit(ctx))
+	}
+	check := func(t *testing.T, tr *ordering.Tracker, db *pgtest.DB, a ordering.Aggregate, seq int64) ordering.Check {
+		t.Helper()
+		var c ordering.Check
+		inTx(t, db, func(tx pgx.Tx) {
+			var err error
+			c, err = tr.Check(ctx, tx, a, seq)
+			require.NoError(t, err)
+		})
+		return c
+	}
+	park := func(t *testing.T, tr *ordering.Tracker, db *pgtest.DB, seq int64) {
+		t.Helper()
+		inTx(t, db, func(tx pgx.Tx) {
+			c, err := tr.Check(ctx, tx, agg, seq)
+			require.NoError(t, err)
+			require.Equal(t, ordering.Gap, c.Verdict)
+			ok, err := tr.Park(ctx, tx, agg, seq, &kgo.Record{Topic: "t", Offset: seq, Value: []byte{byte(seq)},
+				Headers: []kgo.RecordHeader{{Key: "bin", Value: []byte{0, 0xff, 0xfe}}}}, "")
+			require.NoError(t, err)
+			require.True(t, ok)
+		})
+	}
+
+	t.Run("VerdictsFollowThePosition", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 1).Verdict)
+		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 2).Verdict)
+		require.Equal(t, ordering.Duplicate, check(t, tr, db, agg, 2).Verdict)
+		require.Equal(t, ordering.Duplicate, check(t, tr, db, agg, 1).Verdict)
+		c := check(t, tr, db, agg, 4)
+		require.Equal(t, ordering.Gap, c.Verdict)
+		require.EqualValues(t, 2, c.Last)
+		require.False(t, c.Held)
+		last, ok, err := tr.Position(ctx, db.Pool, agg)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.EqualValues(t, 2, last, "a gap leaves the position alone")
+	})
+
+	t.Run("RollbackUndoesAdvance", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		c, err := tr.Check(ctx, tx, agg, 1)
+		require.NoError(t, err)
+		require.Equal(t, ordering.InOrder, c.Verdict)
+		require.NoError(t, tx.Rollback(ctx))
+		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 1).Verdict)
+	})
+
+	t.Run("SequenceBelowOneIsAnError", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		_, err := tr.Check(ctx, db.Pool, agg, 0)
+		require.ErrorContains(t, err, "below 1")
+	})
+
+	t.Run("FirstSeenBaselineAcceptsAnySequence", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, &ordering.Config{FirstSeen: ordering.FirstSeenBaseline})
+		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 7).Verdict)
+		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 8).Verdict)
+		require.Equal(t, ordering.Duplicate, check(t, tr, db, agg, 3).Verdict)
+	})
+
+	t.Run("FirstSeenStrictParksUntilSequenceOne", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil) // strict is the default
+		park(t, tr, db, 2)
+		c := check(t, tr, db, agg, 1)
+		require.Equal(t, ordering.InOrder, c.Verdict)
+		require.Equal(t, 1, c.Parked)
+	})
+
+	t.Run("ParkedRecordsDrainInOrderAndStopAtTheNextGap", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		check(t, tr, db, agg, 1)
+		park(t, tr, db, 4)
+		park(t, tr, db, 3)
+		park(t, tr, db, 6)
+		var applied []int64
+		inTx(t, db, func(tx pgx.Tx) {
+			c, err := tr.Check(ctx, tx, agg, 2)
+			require.NoError(t, err)
+			require.Equal(t, ordering.InOrder, c.Verdict)
+			require.Equal(t, 3, c.Parked)
+			n, err := tr.Drain(ctx, tx, agg, func(_ context.Context, p *ordering.Parked) error {
+				require.Equal(t, []kgo.RecordHeader{{Key: "bin", Value: []byte{0, 0xff, 0xfe}}}, p.Record.Headers)
+				require.Equal(t, []byte{byte(p.Seq)}, p.Record.Value)
+				applied = append(applied, p.Seq)
+				return nil
+			})
+			require.NoError(t, err)
+			require.Equal(t, 2, n)
+		})
+		require.Equal(t, []int64{3, 4}, applied)
+
+		gaps, err := tr.Gaps(ctx, db.Pool)
+		require.NoError(t, err)
+		require.Len(t, gaps, 1)
+		require.Equal(t, agg, gaps[0].Aggregate)
+		require.EqualValues(t, 5, gaps[0].Expected)
+		require.EqualValues(t, 6, gaps[0].FirstParked)
+		require.Equal(t, 1, gaps[0].Parked)
+		require.Zero(t, gaps[0].DeadLetterID)
+
+		// Resolve by skip: 5 is given up, 6 drains.
+		applied = nil
+		inTx(t, db, func(tx pgx.Tx) {
+			moved, parked, err := tr.SkipTo(ctx, tx, agg, gaps[0].FirstParked-1)
+			require.NoError(t, err)
+			require.True(t, moved)
+			require.Equal(t, 1, parked)
+			_, err = tr.Drain(ctx, tx, agg, func(_ context.Context, p *ordering.Parked) error {
+				applied = append(applied, p.Seq)
+				return nil
+			})
+			require.NoError(t, err)
+		})
+		require.Equal(t, []int64{6}, applied)
+		gaps, err = tr.Gaps(ctx, db.Pool)
+		require.NoError(t, err)
+		require.Empty(t, gaps)
+		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 7).Verdict)
+	})
+
+	t.Run("ParkingTheSameSequenceTwiceIsADuplicate", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		check(t, tr, db, agg, 1)
+		park(t, tr, db, 3)
+		inTx(t, db, func(tx pgx.Tx) {
+			ok, err := tr.Park(ctx, tx, agg, 3, &kgo.Record{Topic: "t"}, "")
+			require.NoError(t, err)
+			require.False(t, ok)
+		})
+		c := check(t, tr, db, agg, 2)
+		require.Equal(t, 1, c.Parked)
+	})
+
+	t.Run("StopDrainLeavesThePositionBeforeTheRecord", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		check(t, tr, db, agg, 1)
+		park(t, tr, db, 3)
+		park(t, tr, db, 4)
+		inTx(t, db, func(tx pgx.Tx) {
+			_, err := tr.Check(ctx, tx, agg, 2)
+			require.NoError(t, err)
+			n, err := tr.Drain(ctx, tx, agg, func(context.Context, *ordering.Parked) error { return ordering.ErrStopDrain })
+			require.NoError(t, err)
+			require.Zero(t, n)
+		})
+		last, _, err := tr.Position(ctx, db.Pool, agg)
+		require.NoError(t, err)
+		require.EqualValues(t, 2, last)
+		c := check(t, tr, db, agg, 4)
+		require.Equal(t, ordering.Gap, c.Verdict, "3 was taken out and not applied")
+		require.Equal(t, 1, c.Parked)
+	})
+
+	t.Run("DrainErrorIsReturned", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		check(t, tr, db, agg, 1)
+		park(t, tr, db, 3)
+		boom := errors.New("boom")
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tr.Check(ctx, tx, agg, 2)
+		require.NoError(t, err)
+		_, err = tr.Drain(ctx, tx, agg, func(context.Context, *ordering.Parked) error { return boom })
+		require.ErrorIs(t, err, boom)
+	})
+
+	t.Run("HoldParksSuccessorsOfADeadLetter", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, &ordering.Config{GapPolicy: ordering.GapIgnore, FirstSeen: ordering.FirstSeenBaseline})
+		inTx(t, db, func(tx pgx.Tx) {
+			require.NoError(t, tr.Hold(ctx, tx, agg, 1))
+			_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("dead_letters")+` (consumer, topic, kafka_partition, kafka_offset,
+				header_keys, header_values, aggregate_type, aggregate_id, aggregate_seq, error, attempts)
+				VALUES ('svc', 't', 0, 0, '{}', '{}', $1, $2, 1, 'boom', 1)`, agg.Type, agg.ID)
+			require.NoError(t, err)
+		})
+		c := check(t, tr, db, agg, 2)
+		require.Equal(t, ordering.Gap, c.Verdict, "no baseline: the dead letter holds the aggregate")
+		require.True(t, c.Held)
+		c = check(t, tr, db, ordering.Aggregate{Type: "order", ID: "o-2"}, 2)
+		require.Equal(t, ordering.InOrder, c.Verdict, "other aggregates are not held")
+	})
+
+	// Two transactions check the same sequence: the second waits for the
+	// first's row lock and then sees a duplicate.
+	t.Run("ConcurrentChecksOfOneSequence", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		check(t, tr, db, agg, 1)
+		tx1, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		c1, err := tr.Check(ctx, tx1, agg, 2)
+		require.NoError(t, err)
+		require.Equal(t, ordering.InOrder, c1.Verdict)
+		done := make(chan ordering.Check, 1)
+		errc := make(chan error, 1)
+		go func() {
+			tx2, err := db.Pool.Begin(ctx)
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer func() { _ = tx2.Rollback(ctx) }()
+			c, err := tr.Check(ctx, tx2, agg, 2)
+			errc <- err
+			done <- c
+		}()
+		require.NoError(t, tx1.Commit(ctx))
+		require.NoError(t, <-errc)
+		require.Equal(t, ordering.Duplicate, (<-done).Verdict)
+	})
+}
