@@ -10,7 +10,7 @@ import (
 	"github.com/d419a114/outbox/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.MainLeakChecked(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestRun(t *testing.T) {
 	srv, err := pgtest.Shared()

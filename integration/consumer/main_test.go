@@ -10,4 +10,4 @@ import (
 	"github.com/d419a114/outbox/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.MainLeakChecked(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
