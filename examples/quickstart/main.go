@@ -1,7 +1,9 @@
-// Command quickstart runs the producer half end to end: a business
-// transaction that writes an order and its event together, the relay that
-// publishes committed events to Kafka, and a franz-go consumer that prints
-// what arrives. A rolled-back order shows that its event never leaves.
+// Command quickstart runs the SDK end to end: a business transaction that
+// writes an order and its event together, the relay that publishes
+// committed events to Kafka, and a consumer whose handler applies each
+// event through consumer.Handle: once, in order, in the same transaction as
+// its effect. A rolled-back order shows that its event never leaves; a
+// second delivery of every record shows duplicates skipped.
 //
 //	go run ./examples/quickstart
 //
@@ -12,20 +14,24 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
@@ -35,13 +41,13 @@ const topic = "orders"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx); err != nil {
+	if err := run(ctx, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context) error {
+func run(ctx context.Context, out io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 	dbURL, stopDB, err := database()
@@ -91,37 +97,76 @@ func run(ctx context.Context) error {
 
 	// Business transactions: the order row and its event commit together.
 	start := time.Now().UnixNano() % 1_000_000_000
+	var placed []string
 	for i := range int64(4) {
 		id := start + i
 		commit := i != 2 // the third order changes its mind
 		if err := placeOrder(ctx, pool, id, 1000*(i+1), commit); err != nil {
 			return err
 		}
-		fmt.Printf("order %d: %s\n", id, map[bool]string{true: "committed", false: "rolled back"}[commit])
+		if commit {
+			placed = append(placed, fmt.Sprint(id))
+		}
+		fmt.Fprintf(out, "order %d: %s\n", id, map[bool]string{true: "committed", false: "rolled back"}[commit])
 	}
 
-	// A plain franz-go consumer, to show what is on the wire.
-	consumer, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	// The consuming service: its handler applies an event's effect in the
+	// transaction consumer.Handle opens, which also records the event's
+	// idempotency key and the aggregate's position.
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS revenue (order_id text PRIMARY KEY, cents bigint NOT NULL)`); err != nil {
+		return fmt.Errorf("create revenue table: %w", err)
+	}
+	process, err := consumer.Handle(pool, "billing", consumer.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			var placed struct {
+				TotalCents int64 `json:"total_cents"`
+			}
+			if err := json.Unmarshal(m.Value, &placed); err != nil {
+				return consumer.Permanent(fmt.Errorf("decode order.placed: %w", err))
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO revenue (order_id, cents) VALUES ($1, $2)`, m.AggregateID, placed.TotalCents)
+			return err
+		}), &consumer.Config{Logger: logger})
 	if err != nil {
 		return err
 	}
-	defer consumer.Close()
 	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	for seen := 0; seen < 3; {
-		fetches := consumer.PollFetches(waitCtx)
-		if err := waitCtx.Err(); err != nil {
-			return fmt.Errorf("wait for events: %w", err)
+	// Read the topic twice, as a redelivery after a crash would: the second
+	// time every record is a duplicate and the handler does not run.
+	for pass := 1; pass <= 2; pass++ {
+		reader, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		if err != nil {
+			return err
 		}
-		for _, r := range fetches.Records() {
-			if time.Since(r.Timestamp) > time.Minute {
-				continue // an earlier run's event, when the broker is shared
+		for seen := 0; seen < 3; {
+			fetches := reader.PollFetches(waitCtx)
+			if err := waitCtx.Err(); err != nil {
+				reader.Close()
+				return fmt.Errorf("wait for events: %w", err)
 			}
-			seen++
-			fmt.Printf("received key=%s value=%s %s\n", r.Key, r.Value, headers(r))
+			for _, r := range fetches.Records() {
+				if time.Since(r.Timestamp) > time.Minute {
+					continue // an earlier run's event, when the broker is shared
+				}
+				res, err := process.Process(waitCtx, r)
+				if err != nil {
+					reader.Close()
+					return err
+				}
+				seen++
+				fmt.Fprintf(out, "delivery %d: key=%s %s -> %s\n", pass, r.Key, headers(r), res.Outcome)
+			}
 		}
+		reader.Close()
 	}
+	var orders, cents int64
+	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(cents), 0) FROM revenue WHERE order_id = ANY($1)`, placed).Scan(&orders, &cents); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "revenue: %d orders, %d cents (each effect applied once)\n", orders, cents)
+
 	// The relay marks a batch right after the broker acknowledges it.
 	var h producer.Health
 	for h.Undelivered = -1; h.Undelivered != 0; time.Sleep(10 * time.Millisecond) {
@@ -129,7 +174,7 @@ func run(ctx context.Context) error {
 			return err
 		}
 	}
-	fmt.Printf("health: undelivered=%d oldest=%s dead=%d\n", h.Undelivered, h.OldestUndelivered.Round(time.Millisecond), h.Dead)
+	fmt.Fprintf(out, "health: undelivered=%d oldest=%s dead=%d\n", h.Undelivered, h.OldestUndelivered.Round(time.Millisecond), h.Dead)
 	return nil
 }
 
