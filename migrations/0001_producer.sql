@@ -36,12 +36,13 @@ CREATE TABLE IF NOT EXISTS events (
 -- rows, so its size tracks the backlog, not the history.
 CREATE INDEX IF NOT EXISTS events_undelivered ON events (id) WHERE published_at IS NULL;
 
--- Rows that failed at least once, or are leased to a relay right now, hold
--- back the later events of their aggregate until they are delivered. The
--- index holds only those rows (a batch in flight and the failures), so the
--- claim's probe into it costs next to nothing.
+-- Rows that failed at least once hold back the later events of their
+-- aggregate until they are delivered. The index holds only those rows, so
+-- the claim's probe into it costs next to nothing. (It leaves leased_until
+-- out on purpose: a claim then changes no indexed column and its UPDATE
+-- can stay a heap-only tuple update.)
 CREATE INDEX IF NOT EXISTS events_blocking ON events (aggregate_type, aggregate_id, id)
-    WHERE published_at IS NULL AND (attempts > 0 OR leased_until IS NOT NULL);
+    WHERE published_at IS NULL AND attempts > 0;
 
 -- Retention deletes delivered rows by age.
 CREATE INDEX IF NOT EXISTS events_published ON events (published_at) WHERE published_at IS NOT NULL;

@@ -25,7 +25,8 @@ import (
 // transaction plus one Write (event row, sequence upsert, commit-time
 // wake-up check), at 1 and 16 connections. Ratios of commits/s between
 // sub-benchmarks of one run are what to compare; absolute numbers depend on
-// the machine. The wake-up variants: no relay registered; a relay that says
+// the machine. The wake-up variants: the commit-time trigger disabled (no
+// wake-up at all); no relay registered; a relay that says
 // it is idle (every commit notifies); a busy relay (no commit notifies); a
 // real relay publishing to kfake meanwhile (it notifies as the relay goes
 // idle and busy).
@@ -33,7 +34,7 @@ import (
 //	go test -run '^$' -bench Write -benchtime 3s ./producer
 func BenchmarkWrite(b *testing.B) {
 	for _, conns := range []int{1, 16} {
-		for _, mode := range []string{"bare", "write", "write+idle-relay", "write+busy-relay", "write+running-relay"} {
+		for _, mode := range []string{"bare", "write-no-wakeup", "write", "write+idle-relay", "write+busy-relay", "write+running-relay"} {
 			b.Run(fmt.Sprintf("conns=%d/%s", conns, mode), func(b *testing.B) {
 				db := pgtest.New(b, &pgtest.Opts{MaxConns: int32(conns) + 4})
 				ctx := context.Background()
@@ -42,6 +43,8 @@ func BenchmarkWrite(b *testing.B) {
 				switch mode {
 				case "write+idle-relay":
 					_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('bench', now() + interval '1 hour')`)
+				case "write-no-wakeup":
+					_, err = db.Pool.Exec(ctx, `ALTER TABLE `+db.Table("events")+` DISABLE TRIGGER events_wake_relay`)
 				case "write+running-relay":
 					broker := kafkatest.New(b)
 					topic := broker.Topic(b, 8)

@@ -180,6 +180,16 @@ func (o *bucketOwner) refreshFences(ctx context.Context) error {
 	return nil
 }
 
+// fenceAll keeps every owned bucket out of claims until the given time.
+// The bound is local time, Lease from now: the lease it waits out was set
+// by the server before now, so it ends before that.
+func (o *bucketOwner) fenceAll(until time.Time) {
+	for b := range o.owned {
+		o.fencedUntil[b] = until
+	}
+	o.claimable = o.claimable[:0]
+}
+
 func (o *bucketOwner) sortedOwned() []int32 {
 	out := make([]int32, 0, len(o.owned))
 	for b := range o.owned {

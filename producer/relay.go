@@ -341,11 +341,13 @@ func (r *Relay) cycle(ctx context.Context, owner *bucketOwner) (int, error) {
 	go func() { published <- r.publish(finish, batch) }()
 	results, lease := r.awaitPublish(finish, batch, published)
 	if err := r.settle(finish, batch, results, lease); err != nil {
-		// The rows keep their lease, which holds back their aggregates'
-		// later events; when it ends they are claimed again, in order, and
-		// the acknowledged ones published a second time, which
+		// The rows keep their lease. Nothing records which of them failed,
+		// so their aggregates' later events must not go out before them:
+		// claim nothing until the lease ends, then they come first, in
+		// order, and the acknowledged ones go out a second time, which
 		// at-least-once allows.
-		r.logError(ctx, "relay: gave up recording a batch's outcome; its rows will be retried when their lease ends", err)
+		owner.fenceAll(time.Now().Add(r.cfg.Lease))
+		r.logError(ctx, "relay: gave up recording a batch's outcome; pausing until its lease ends", err)
 	}
 	return len(batch), nil
 }

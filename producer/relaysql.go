@@ -29,16 +29,22 @@ func newRelaySQL(schema string) relaySQL {
 // leased_until is what reserves the rows while they are published.
 //
 // A row is not a candidate while an earlier undelivered row of its
-// aggregate is waiting out a backoff or is leased (in flight, or left by a
-// relay that could not record its outcome), or while its aggregate has a
-// held dead event: publishing it would put a later event on the wire before
-// an earlier one. These exclusions come before the LIMIT, so held rows
-// never crowd healthy aggregates out of a batch. Both probes go to small
-// indexes (events_blocking, dead_events_held) that are almost always empty.
+// aggregate failed and is waiting out its backoff (or is leased again), or
+// while its aggregate has a held dead event: publishing it would put a
+// later event on the wire before an earlier one. These exclusions come
+// before the LIMIT, so held rows never crowd healthy aggregates out of a
+// batch. Both probes go to small indexes (events_blocking,
+// dead_events_held) that are almost always empty.
 //
-// The second check catches an earlier row that SKIP LOCKED passed over
-// because another transaction held it: it is not in this batch, so nothing
-// after it may be either.
+// The second check catches an earlier failed row that SKIP LOCKED passed
+// over because another transaction held it: it is not in this batch, so
+// nothing after it may be either.
+//
+// Rows leased without a recorded failure are in flight with this relay's
+// own batch (none, between batches), with a relay that lost its buckets
+// (the new owner's fence waits out their leases), or left by a batch whose
+// outcome could not be recorded (the relay then fences all its buckets
+// until their leases end).
 const claimSQL = `
 WITH candidates AS (
     SELECT e.id, e.aggregate_type, e.aggregate_id
@@ -49,7 +55,7 @@ WITH candidates AS (
       AND ` + bucketExprE + ` = ANY($1::int[])
       AND NOT EXISTS (
             SELECT 1 FROM {schema}.events f
-            WHERE f.published_at IS NULL AND (f.attempts > 0 OR f.leased_until IS NOT NULL)
+            WHERE f.published_at IS NULL AND f.attempts > 0
               AND f.aggregate_type = e.aggregate_type AND f.aggregate_id = e.aggregate_id
               AND f.id < e.id
               AND (f.next_attempt_at > now() OR f.leased_until >= now()))
@@ -64,7 +70,7 @@ WITH candidates AS (
     SELECT c.id FROM candidates c
     WHERE NOT EXISTS (
             SELECT 1 FROM {schema}.events f
-            WHERE f.published_at IS NULL AND (f.attempts > 0 OR f.leased_until IS NOT NULL)
+            WHERE f.published_at IS NULL AND f.attempts > 0
               AND f.aggregate_type = c.aggregate_type AND f.aggregate_id = c.aggregate_id
               AND f.id < c.id
               AND f.id NOT IN (SELECT id FROM candidates))
