@@ -219,14 +219,6 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
 	defer cancel()
-	if len(released) == 0 && len(failed) == 0 {
-		// The common case needs no transaction: one statement, one round
-		// trip.
-		if _, err := r.pool.Exec(ctx, r.sql.markDelivered, delivered); err != nil {
-			return fmt.Errorf("mark batch: %w", err)
-		}
-		return nil
-	}
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
