@@ -199,16 +199,17 @@ func (o *bucketOwner) sortedOwned() []int32 {
 	return out
 }
 
-// claim leases the next batch of this instance's buckets. It runs on the
-// lock session: a claim succeeds only while the locks are held.
-func (o *bucketOwner) claim(ctx context.Context) ([]*claimedEvent, error) {
+// claim leases the next batch of this instance's buckets, leaving out the
+// aggregates whose bucket hash is in busy. It runs on the lock session: a
+// claim succeeds only while the locks are held.
+func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent, error) {
 	if o.conn == nil {
 		return nil, errNoSession
 	}
 	if len(o.claimable) == 0 {
 		return nil, nil
 	}
-	rows, err := o.conn.Query(ctx, o.r.sql.claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds())
+	rows, err := o.conn.Query(ctx, o.r.sql.claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy)
 	if err != nil {
 		o.reset(ctx)
 		return nil, err

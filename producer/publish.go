@@ -32,6 +32,7 @@ type claimedEvent struct {
 	createdAt         time.Time
 	attempts          int
 	permanentFailures int
+	bucketHash        int32
 	// leasedUntil is the lease the claim set; the batch's rows share it, and
 	// settle touches only rows that still carry it.
 	leasedUntil time.Time
@@ -39,13 +40,13 @@ type claimedEvent struct {
 
 const claimedColumns = `e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggregate_id,
        e.aggregate_seq, e.event_type, e.topic, e.content_type, e.payload, e.headers,
-       e.created_at, e.attempts, e.permanent_failures`
+       e.created_at, e.attempts, e.permanent_failures, e.bucket_hash`
 
 func scanClaimed(row pgx.CollectableRow) (*claimedEvent, error) {
 	e := &claimedEvent{}
 	err := row.Scan(&e.id, &e.eventID, &e.idempotencyKey, &e.aggregateType, &e.aggregateID,
 		&e.seq, &e.eventType, &e.topic, &e.contentType, &e.payload, &e.headers,
-		&e.createdAt, &e.attempts, &e.permanentFailures, &e.leasedUntil)
+		&e.createdAt, &e.attempts, &e.permanentFailures, &e.bucketHash, &e.leasedUntil)
 	return e, err
 }
 

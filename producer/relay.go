@@ -233,16 +233,34 @@ func (r *Relay) Run(ctx context.Context) error {
 		settling      int
 		nextRebalance time.Time
 		failures      int
+		// inFlight is the batch being published and settled while the
+		// next one is claimed; only this loop starts and lands flights.
+		inFlight *flight
 	)
+	defer func() {
+		if inFlight != nil {
+			r.land(ctx, owner, inFlight)
+		}
+	}()
 	for ctx.Err() == nil {
 		if now := time.Now(); !now.Before(nextRebalance) {
+			// Buckets change hands only with nothing in flight.
+			if inFlight != nil {
+				r.land(ctx, owner, inFlight)
+				inFlight = nil
+			}
 			if err := owner.rebalance(ctx, idle); err != nil {
 				r.logError(ctx, "relay: rebalance buckets, will retry", err)
 			}
 			nextRebalance = now.Add(r.cfg.RebalanceInterval)
 		}
 
-		n, err := r.cycle(ctx, owner)
+		batch, err := owner.claim(ctx, inFlight.aggregates())
+		landed := inFlight != nil
+		if landed {
+			r.land(ctx, owner, inFlight)
+			inFlight = nil
+		}
 		switch {
 		case err != nil:
 			failures++
@@ -250,16 +268,21 @@ func (r *Relay) Run(ctx context.Context) error {
 			owner.reset(ctx)
 			r.sleep(ctx, wake, min(r.retry.Delay(failures), r.cfg.RebalanceInterval))
 			continue
-		case n > 0:
+		case len(batch) > 0:
 			failures = 0
+			inFlight = r.launch(ctx, batch)
 			if idle {
 				// Found work: writers may stop notifying, since the relay
-				// claims again straight after this batch.
+				// claims again straight away.
 				idle = false
 				if err := owner.setIdle(ctx, false); err != nil {
 					r.logError(ctx, "relay: clear idle flag", err)
 				}
 			}
+			continue
+		case landed:
+			// The claim left out the aggregates of the batch in flight;
+			// now that it landed, look again before calling it a day.
 			continue
 		}
 		failures = 0
@@ -328,28 +351,57 @@ func (r *Relay) sleep(ctx context.Context, wake <-chan struct{}, d time.Duration
 	}
 }
 
-// cycle claims one batch in the owned buckets, publishes it and records the
-// outcome. It returns how many events it claimed. Once claimed, a batch is
-// always published and marked, even if ctx ends meanwhile.
-func (r *Relay) cycle(ctx context.Context, owner *bucketOwner) (int, error) {
-	batch, err := owner.claim(ctx)
-	if err != nil || len(batch) == 0 {
-		return 0, err
+// flight is a claimed batch being published and settled by a goroutine of
+// its own, so that the relay can claim the next batch meanwhile. The next
+// claim leaves out every aggregate of the batch in flight (by the hash the
+// buckets use, so a collision only leaves out more), so no aggregate is
+// ever in two batches at once: pipelining keeps per-aggregate order.
+type flight struct {
+	batch []*claimedEvent
+	// unrecorded receives once whether the outcome could not be recorded.
+	unrecorded chan bool
+}
+
+// aggregates returns the bucket hashes of the flight's aggregates; none for
+// a nil flight.
+func (f *flight) aggregates() []int32 {
+	if f == nil {
+		return []int32{}
 	}
+	hashes := make([]int32, len(f.batch))
+	for i, e := range f.batch {
+		hashes[i] = e.bucketHash
+	}
+	return hashes
+}
+
+// launch publishes and settles the batch in a new goroutine. Once claimed,
+// a batch is always published and settled, even if ctx ends meanwhile.
+func (r *Relay) launch(ctx context.Context, batch []*claimedEvent) *flight {
+	f := &flight{batch: batch, unrecorded: make(chan bool, 1)}
 	finish := context.WithoutCancel(ctx)
-	published := make(chan []outcome, 1)
-	go func() { published <- r.publish(finish, batch) }()
-	results, lease := r.awaitPublish(finish, batch, published)
-	if err := r.settle(finish, batch, results, lease); err != nil {
-		// The rows keep their lease. Nothing records which of them failed,
-		// so their aggregates' later events must not go out before them:
-		// claim nothing until the lease ends, then they come first, in
-		// order, and the acknowledged ones go out a second time, which
-		// at-least-once allows.
+	go func() {
+		published := make(chan []outcome, 1)
+		go func() { published <- r.publish(finish, batch) }()
+		results, lease := r.awaitPublish(finish, batch, published)
+		err := r.settle(finish, batch, results, lease)
+		if err != nil {
+			r.logError(ctx, "relay: gave up recording a batch's outcome; pausing until its lease ends", err)
+		}
+		f.unrecorded <- err != nil
+	}()
+	return f
+}
+
+// land waits for the flight to end. If its outcome could not be recorded,
+// its rows keep their lease and nothing says which failed, so their
+// aggregates' later events must not go out before them: the relay claims
+// nothing until the lease ends; then they come first, in order, and the
+// acknowledged ones go out a second time, which at-least-once allows.
+func (r *Relay) land(_ context.Context, owner *bucketOwner, f *flight) {
+	if <-f.unrecorded {
 		owner.fenceAll(time.Now().Add(r.cfg.Lease))
-		r.logError(ctx, "relay: gave up recording a batch's outcome; pausing until its lease ends", err)
 	}
-	return len(batch), nil
 }
 
 // awaitPublish waits for the batch's outcome, renewing the batch's lease

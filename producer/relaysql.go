@@ -36,6 +36,9 @@ func newRelaySQL(schema string) relaySQL {
 // batch. Both probes go to small indexes (events_blocking,
 // dead_events_held) that are almost always empty.
 //
+// $4 lists the bucket hashes of the aggregates in the batch still in
+// flight, which the claim leaves out (a hashed subplan, whatever its size).
+//
 // The second check catches an earlier failed row that SKIP LOCKED passed
 // over because another transaction held it: it is not in this batch, so
 // nothing after it may be either.
@@ -53,6 +56,7 @@ WITH candidates AS (
       AND e.next_attempt_at <= now()
       AND (e.leased_until IS NULL OR e.leased_until < now())
       AND ` + bucketExprE + ` = ANY($1::int[])
+      AND e.bucket_hash NOT IN (SELECT unnest($4::int[]))
       AND NOT EXISTS (
             SELECT 1 FROM {schema}.events f
             WHERE f.published_at IS NULL AND f.attempts > 0
