@@ -23,7 +23,7 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/dedupe"
-	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/localenv"
 )
 
 func main() {
@@ -46,7 +46,7 @@ type webhook struct {
 }
 
 func run(ctx context.Context, out io.Writer) error {
-	dbURL, stopDB, err := database()
+	dbURL, stopDB, err := localenv.Database()
 	if err != nil {
 		return err
 	}
@@ -121,16 +121,4 @@ ON CONFLICT (account) DO UPDATE SET cents = balances.cents + EXCLUDED.cents`, w.
 	}
 	fmt.Fprintln(out, "pruned keys:", n)
 	return nil
-}
-
-// database returns DATABASE_URL, or starts a throwaway cluster.
-func database() (string, func(), error) {
-	if url := os.Getenv("DATABASE_URL"); url != "" {
-		return url, func() {}, nil
-	}
-	srv, err := pgtest.Start()
-	if err != nil {
-		return "", nil, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
-	}
-	return srv.URL, func() { _ = srv.Stop() }, nil
 }

@@ -15,7 +15,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,12 +26,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
-	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/localenv"
 	"github.com/d419a114/outbox/producer"
 )
 
@@ -50,12 +48,12 @@ func main() {
 func run(ctx context.Context, out io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-	dbURL, stopDB, err := database()
+	dbURL, stopDB, err := localenv.Database()
 	if err != nil {
 		return err
 	}
 	defer stopDB()
-	brokers, stopKafka, err := kafka()
+	brokers, stopKafka, err := localenv.Kafka()
 	if err != nil {
 		return err
 	}
@@ -211,28 +209,4 @@ func headers(r *kgo.Record) string {
 		}
 	}
 	return strings.TrimSpace(b.String())
-}
-
-// database returns DATABASE_URL, or starts a throwaway cluster.
-func database() (string, func(), error) {
-	if url := os.Getenv("DATABASE_URL"); url != "" {
-		return url, func() {}, nil
-	}
-	srv, err := pgtest.Start()
-	if err != nil {
-		return "", nil, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
-	}
-	return srv.URL, func() { _ = srv.Stop() }, nil
-}
-
-// kafka returns KAFKA_BROKERS, or starts an in-process kfake cluster.
-func kafka() ([]string, func(), error) {
-	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
-		return strings.Split(env, ","), func() {}, nil
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		return nil, nil, errors.Join(errors.New("start in-process kfake"), err)
-	}
-	return c.ListenAddrs(), c.Close, nil
 }
