@@ -213,7 +213,14 @@ func (g *group) applied() int {
 // waitApplied waits until the effects count reaches want.
 func (g *group) waitApplied(want int, within time.Duration, what string) {
 	g.s.t.Helper()
-	waitUntil(g.s.t, within, fmt.Sprintf("%s: %d effects applied", what, want), func() bool { return g.applied() >= want })
+	deadline := time.Now().Add(within)
+	for g.applied() < want {
+		if time.Now().After(deadline) {
+			g.record()
+			g.s.t.Fatalf("timed out after %s waiting for %s: %d effects applied, %d wanted\n%s", within, what, g.applied(), want, g.s.rec.Check())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // unapplied counts committed events without an effect.

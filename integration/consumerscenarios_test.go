@@ -73,10 +73,7 @@ func TestScenarioMembersComeAndGo(t *testing.T) {
 				log = append(log, "leave "+m.name)
 			}
 		}
-		want := g.applied() + 150 + rng.IntN(300)
-		waitUntil(t, 90*time.Second, fmt.Sprintf("step %d (%v): %d effects applied", step, log, want), func() bool {
-			return g.applied() >= want
-		})
+		g.waitApplied(g.applied()+150+rng.IntN(300), 60*time.Second, fmt.Sprintf("step %d (%v)", step, log))
 	}
 	t.Logf("schedule: %v", log)
 	stopWriters()
@@ -145,10 +142,7 @@ func TestScenarioConsumerCrashes(t *testing.T) {
 			fake.ShufflePartitionLeaders()
 			log = append(log, "shuffle leaders")
 		}
-		want := g.applied() + 100 + rng.IntN(200)
-		waitUntil(t, 90*time.Second, fmt.Sprintf("step %d (%v): %d effects applied", step, log, want), func() bool {
-			return g.applied() >= want
-		})
+		g.waitApplied(g.applied()+100+rng.IntN(200), 60*time.Second, fmt.Sprintf("step %d (%v)", step, log))
 	}
 	t.Logf("schedule: %v", log)
 	stopWriters()
