@@ -1,7 +1,8 @@
 // Package soak runs the mixed scenario for a bounded time: writers
 // committing and rolling back over many aggregates, two relays, two
 // consumer group members, and injected faults (relay sessions killed,
-// consumer members restarted, and on kfake produce errors and lost acks).
+// consumer members restarted, and on kfake produce errors, lost acks and
+// member crashes between the database commit and the offset commit).
 // It then drains the pipeline and checks the history. The command
 // integration/cmd/soak runs it.
 package soak
@@ -48,6 +49,10 @@ type Config struct {
 	Seed uint64
 	// Writers and Aggregates shape the load [8, 200].
 	Writers, Aggregates int
+	// MaxPause is the longest random pause between a writer's
+	// transactions [20ms]. It keeps the load below what the pipeline
+	// carries, so that the backlog stays bounded.
+	MaxPause time.Duration
 	// Partitions of the topic [6].
 	Partitions int32
 	// FaultEvery is the mean pause between faults [2s].
@@ -120,6 +125,9 @@ func (c *Config) defaults() {
 	}
 	if c.Aggregates == 0 {
 		c.Aggregates = 200
+	}
+	if c.MaxPause == 0 {
+		c.MaxPause = 20 * time.Millisecond
 	}
 	if c.Partitions == 0 {
 		c.Partitions = 6
@@ -322,7 +330,7 @@ func (r *run) write(ctx context.Context, rng *rand.Rand) {
 		if !r.attempt(events, rng.Float64() < 0.1) {
 			pause(ctx, 50*time.Millisecond)
 		}
-		pause(ctx, time.Duration(rng.Int64N(int64(5*time.Millisecond))))
+		pause(ctx, time.Duration(rng.Int64N(int64(r.cfg.MaxPause))))
 	}
 }
 
@@ -556,7 +564,7 @@ func (h hooks) OnRecord(_ context.Context, rec *kgo.Record, res consumer.Result,
 func (r *run) injectFaults(ctx context.Context, rng *rand.Rand) {
 	kinds := []string{"relay session kill", "consumer restart"}
 	if r.fake != nil {
-		kinds = append(kinds, "produce error", "lost ack")
+		kinds = append(kinds, "produce error", "lost ack", "consumer crash")
 	}
 	for {
 		pause(ctx, r.cfg.FaultEvery/2+time.Duration(rng.Int64N(int64(r.cfg.FaultEvery))))
@@ -581,6 +589,22 @@ func (r *run) injectFaults(ctx context.Context, rng *rand.Rand) {
 			r.members = append(r.members[:i], r.members[i+1:]...)
 			r.mu.Unlock()
 			m.stop()
+			if err := r.startMember(); err != nil {
+				r.cfg.Logger.Error("soak: restart member", "error", err)
+			}
+		case "consumer crash":
+			// The member applies records while the broker fails its
+			// group's offset commits, then stops: its effects committed,
+			// its offsets never; the next owner gets them again.
+			h := r.fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: r.group, Err: kerr.RebalanceInProgress, Count: -1})
+			pause(ctx, 500*time.Millisecond+time.Duration(rng.Int64N(int64(500*time.Millisecond))))
+			r.mu.Lock()
+			i := rng.IntN(len(r.members))
+			m := r.members[i]
+			r.members = append(r.members[:i], r.members[i+1:]...)
+			r.mu.Unlock()
+			m.stop()
+			h.Remove()
 			if err := r.startMember(); err != nil {
 				r.cfg.Logger.Error("soak: restart member", "error", err)
 			}

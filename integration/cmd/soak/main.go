@@ -29,6 +29,7 @@ func run() int {
 	flag.Uint64Var(&cfg.Seed, "seed", 0, "schedule seed (0: time-based)")
 	flag.IntVar(&cfg.Writers, "writers", 8, "concurrent writers")
 	flag.IntVar(&cfg.Aggregates, "aggregates", 200, "aggregates to spread events over")
+	flag.DurationVar(&cfg.MaxPause, "pause", 20*time.Millisecond, "longest random pause between a writer's transactions")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", 2*time.Second, "mean pause between injected faults")
 	flag.DurationVar(&cfg.ProgressEvery, "progress", 5*time.Second, "progress line interval")
 	flag.Parse()
@@ -49,6 +50,9 @@ func run() int {
 			}
 		}()
 		cfg.DatabaseURL = srv.URL
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano())
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
