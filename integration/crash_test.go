@@ -42,7 +42,7 @@ const (
 // in a trace. They are pieces of producer/relaysql.go's SQL: if those change,
 // the hook never fires and the test fails on its wait, not silently.
 const (
-	claimMarker = "WITH candidates AS"
+	claimMarker = "FOR UPDATE OF e SKIP LOCKED"
 	markMarker  = "SET published_at = now()"
 )
 

@@ -33,15 +33,18 @@ func newRelaySQL(schema string) relaySQL {
 // while its aggregate has a held dead event: publishing it would put a
 // later event on the wire before an earlier one. These exclusions come
 // before the LIMIT, so held rows never crowd healthy aggregates out of a
-// batch. Both probes go to small indexes (events_blocking,
-// dead_events_held) that are almost always empty.
+// batch. The blocking aggregates are computed once per claim, from small
+// indexes (events_blocking, dead_events_held) that are almost always
+// empty, and materialized: left to the planner as correlated anti-joins,
+// statistics taken before a backlog built up made it scan the whole
+// undelivered index once per candidate, and claims took seconds.
 //
 // $4 lists the bucket hashes of the aggregates in the batch still in
 // flight, which the claim leaves out (a hashed subplan, whatever its size).
 //
-// The second check catches an earlier failed row that SKIP LOCKED passed
-// over because another transaction held it: it is not in this batch, so
-// nothing after it may be either.
+// The second check (passed_over) catches an earlier failed row that SKIP
+// LOCKED passed over because another transaction held it: it is not in this
+// batch, so nothing after it may be either.
 //
 // Rows leased without a recorded failure are in flight with this relay's
 // own batch (none, between batches), with a relay that lost its buckets
@@ -49,7 +52,17 @@ func newRelaySQL(schema string) relaySQL {
 // outcome could not be recorded (the relay then fences all its buckets
 // until their leases end).
 const claimSQL = `
-WITH candidates AS (
+WITH blocked AS MATERIALIZED (
+    SELECT aggregate_type, aggregate_id, min(id) AS first_id
+    FROM {schema}.events
+    WHERE published_at IS NULL AND attempts > 0
+      AND (next_attempt_at > now() OR leased_until >= now())
+    GROUP BY aggregate_type, aggregate_id
+), held AS MATERIALIZED (
+    SELECT DISTINCT aggregate_type, aggregate_id
+    FROM {schema}.dead_events
+    WHERE status = 'dead' AND hold
+), candidates AS (
     SELECT e.id, e.aggregate_type, e.aggregate_id
     FROM {schema}.events e
     WHERE e.published_at IS NULL
@@ -58,26 +71,27 @@ WITH candidates AS (
       AND ` + bucketExprE + ` = ANY($1::int[])
       AND e.bucket_hash NOT IN (SELECT unnest($4::int[]))
       AND NOT EXISTS (
-            SELECT 1 FROM {schema}.events f
-            WHERE f.published_at IS NULL AND f.attempts > 0
-              AND f.aggregate_type = e.aggregate_type AND f.aggregate_id = e.aggregate_id
-              AND f.id < e.id
-              AND (f.next_attempt_at > now() OR f.leased_until >= now()))
+            SELECT 1 FROM blocked b
+            WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+              AND b.first_id < e.id)
       AND NOT EXISTS (
-            SELECT 1 FROM {schema}.dead_events d
-            WHERE d.status = 'dead' AND d.hold
-              AND d.aggregate_type = e.aggregate_type AND d.aggregate_id = e.aggregate_id)
+            SELECT 1 FROM held h
+            WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id)
     ORDER BY e.id
     LIMIT $2
     FOR UPDATE OF e SKIP LOCKED
+), passed_over AS MATERIALIZED (
+    SELECT aggregate_type, aggregate_id, min(id) AS first_id
+    FROM {schema}.events
+    WHERE published_at IS NULL AND attempts > 0
+      AND id NOT IN (SELECT id FROM candidates)
+    GROUP BY aggregate_type, aggregate_id
 ), ready AS (
     SELECT c.id FROM candidates c
     WHERE NOT EXISTS (
-            SELECT 1 FROM {schema}.events f
-            WHERE f.published_at IS NULL AND f.attempts > 0
-              AND f.aggregate_type = c.aggregate_type AND f.aggregate_id = c.aggregate_id
-              AND f.id < c.id
-              AND f.id NOT IN (SELECT id FROM candidates))
+            SELECT 1 FROM passed_over p
+            WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id
+              AND p.first_id < c.id)
 )
 UPDATE {schema}.events e
 SET leased_until = now() + $3 * interval '1 millisecond'
