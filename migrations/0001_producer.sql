@@ -97,15 +97,23 @@ CREATE TABLE relays (
 -- next claim anyway. The channel name carries a hash of the schema, so that
 -- several outbox schemas in one database wake only their own relays and a
 -- long schema name cannot overflow the 63-byte channel limit.
-CREATE FUNCTION wake_relay() RETURNS trigger LANGUAGE plpgsql
-SET search_path FROM CURRENT AS $$
+-- The body names the relays table and the channel with this schema's
+-- values written in, rather than through SET search_path on the function:
+-- it runs for every written event, and a function-level setting costs a
+-- configuration save and restore on every call.
+DO $migrate$
 BEGIN
-    IF EXISTS (SELECT 1 FROM relays WHERE idle_until > now()) THEN
-        PERFORM pg_notify('outbox_' || left(md5(TG_TABLE_SCHEMA), 16), '');
+    EXECUTE format($body$
+CREATE FUNCTION wake_relay() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM %I.relays WHERE idle_until > now()) THEN
+        PERFORM pg_notify(%L, '');
     END IF;
     RETURN NULL;
 END
-$$;
+$fn$$body$, current_schema(), 'outbox_' || left(md5(current_schema()), 16));
+END
+$migrate$;
 
 CREATE CONSTRAINT TRIGGER events_wake_relay AFTER INSERT ON events
     DEFERRABLE INITIALLY DEFERRED
