@@ -3,8 +3,6 @@ package consumer_test
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/kafkatest"
+	"github.com/d419a114/outbox/internal/pacedwrite"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
@@ -62,9 +61,8 @@ func endToEnd(b *testing.B, rate, batch int, dur time.Duration) (p50, p99 time.D
 	_, err = db.Pool.Exec(ctx, `CREATE TABLE `+effects+` (event_id text PRIMARY KEY)`)
 	require.NoError(b, err)
 	var (
-		mu        sync.Mutex
-		committed = map[string]time.Time{}
-		handled   = map[string]time.Time{}
+		mu      sync.Mutex
+		handled = map[string]time.Time{}
 	)
 	total := rate * int(dur/time.Second)
 	allHandled := make(chan struct{})
@@ -95,35 +93,7 @@ func endToEnd(b *testing.B, rate, batch int, dur time.Duration) (p50, p99 time.D
 		<-consumerDone
 	}()
 
-	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	var wg sync.WaitGroup
-	for i := range total {
-		<-tick.C
-		wg.Go(func() {
-			tx, err := db.Pool.Begin(ctx)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			written, err := w.Write(ctx, tx, producer.Event{AggregateType: "account", AggregateID: strconv.Itoa(i % 500), EventType: "e", Payload: []byte("x")})
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			if err := tx.Commit(ctx); err != nil {
-				b.Error(err)
-				return
-			}
-			at := time.Now()
-			mu.Lock()
-			committed[written[0].EventID] = at
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	committed := pacedwrite.Run(ctx, b, db.Pool, producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}), rate, total)
 	select {
 	case <-allHandled:
 	case <-time.After(dur + 60*time.Second):
@@ -131,10 +101,5 @@ func endToEnd(b *testing.B, rate, batch int, dur time.Duration) (p50, p99 time.D
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	latencies := make([]time.Duration, 0, total)
-	for id, at := range handled {
-		latencies = append(latencies, at.Sub(committed[id]))
-	}
-	slices.Sort(latencies)
-	return latencies[len(latencies)/2], latencies[len(latencies)*99/100]
+	return pacedwrite.Percentiles(committed, handled)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/kafkatest"
+	"github.com/d419a114/outbox/internal/pacedwrite"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
@@ -268,11 +268,7 @@ func measureLatency(b *testing.B, rate int, dur time.Duration) (p50, p99 time.Du
 	reader := broker.Client(b, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond))
 	// The reader notes when each event id arrived; the writers note when
 	// each commit returned; latencies are matched up at the end.
-	var (
-		mu        sync.Mutex
-		committed = map[string]time.Time{}
-		received  = map[string]time.Time{}
-	)
+	received := map[string]time.Time{}
 	total := rate * int(dur/time.Second)
 	readDone := make(chan struct{})
 	go func() {
@@ -292,41 +288,8 @@ func measureLatency(b *testing.B, rate int, dur time.Duration) (p50, p99 time.Du
 		}
 	}()
 
-	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	var wg sync.WaitGroup
-	for i := range total {
-		<-tick.C
-		wg.Go(func() {
-			tx, err := db.Pool.Begin(ctx)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			defer tx.Rollback(ctx)
-			written, err := w.Write(ctx, tx, producer.Event{AggregateType: "account", AggregateID: strconv.Itoa(i % 500), EventType: "e", Payload: []byte("x")})
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			if err := tx.Commit(ctx); err != nil {
-				b.Error(err)
-				return
-			}
-			at := time.Now()
-			mu.Lock()
-			committed[written[0].EventID] = at
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	committed := pacedwrite.Run(ctx, b, db.Pool, producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}), rate, total)
 	<-readDone
 	require.Len(b, received, total)
-	latencies := make([]time.Duration, 0, total)
-	for id, at := range received {
-		latencies = append(latencies, at.Sub(committed[id]))
-	}
-	slices.Sort(latencies)
-	return latencies[len(latencies)/2], latencies[len(latencies)*99/100]
+	return pacedwrite.Percentiles(committed, received)
 }
