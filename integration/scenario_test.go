@@ -346,6 +346,13 @@ func (s *scenario) committedKeys() []string {
 	return keys
 }
 
+// committedCount returns how many events were committed so far.
+func (s *scenario) committedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.committed)
+}
+
 // missing counts keys not consumed yet.
 func (s *scenario) missing(keys []string) int {
 	s.mu.Lock()
