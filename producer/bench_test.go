@@ -22,17 +22,18 @@ import (
 )
 
 // BenchmarkWrite compares a business transaction (one INSERT) with the same
-// transaction plus one Write (event row, sequence upsert, commit-time
-// wake-up check), at 1 and 16 connections. The modes take turns, a second
-// each, for five rounds, so that a noisy neighbour hits all alike; each
-// reports its commits/s as a ratio to the bare transaction's. The wake-up
-// variants: the trigger disabled (no wake-up at all); no relay registered;
-// a relay that says it is idle (every commit notifies); a busy relay (no
-// commit notifies); a real relay publishing to kfake meanwhile.
+// transaction plus one Write (event row, sequence upsert, wake-up), at 1 and
+// 16 connections. The modes take turns, a second each, for five rounds, so
+// that a noisy neighbour hits all alike; each reports its commits/s as a
+// ratio to the bare transaction's. The wake-up variants: no relay
+// registered (nobody to notify; writes ask now and then whether a relay is
+// idle); a relay that says it is idle (every commit notifies); a busy relay
+// (no commit notifies); a real relay publishing to kfake meanwhile, going
+// idle and being woken as it catches up.
 //
 //	go test -run '^$' -bench Write -benchtime 1x ./producer
 func BenchmarkWrite(b *testing.B) {
-	modes := []string{"bare", "write-no-wakeup", "write", "write+idle-relay", "write+busy-relay", "write+running-relay"}
+	modes := []string{"bare", "write", "write+idle-relay", "write+busy-relay", "write+running-relay"}
 	for _, conns := range []int{1, 16} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
 			ctx := context.Background()
@@ -63,8 +64,6 @@ func writeBenchTxn(b *testing.B, mode string, conns int) func() error {
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("orders")+` (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, cents bigint NOT NULL)`)
 	require.NoError(b, err)
 	switch mode {
-	case "write-no-wakeup":
-		_, err = db.Pool.Exec(ctx, `ALTER TABLE `+db.Table("events")+` DISABLE TRIGGER events_wake_relay`)
 	case "write+idle-relay":
 		_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('bench', now() + interval '1 hour')`)
 	case "write+busy-relay":

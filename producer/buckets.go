@@ -17,11 +17,16 @@ import (
 // up to 64 instances per database.
 const numBuckets = 64
 
-// bucketExpr maps an event row to its bucket; it must agree everywhere.
-// bucketExprE is the same for a query that calls the table e.
+// hashExprE is an event row's aggregate hash, in a query that calls the
+// events table e: the value an aggregate's bucket derives from, and the
+// value the claim compares to leave the aggregates in flight out. It is
+// computed where rows are claimed rather than stored with every write.
+// bucketExpr maps the hash to its bucket (0 to numBuckets-1); it must agree
+// everywhere, and bucketExprE is the same for the table called e.
 const (
-	bucketExpr  = `((bucket_hash % 64) + 64) % 64`
-	bucketExprE = `((e.bucket_hash % 64) + 64) % 64`
+	hashExprE   = `hashtext(e.aggregate_type || ':' || e.aggregate_id)`
+	bucketExpr  = `((hashtext(aggregate_type || ':' || aggregate_id) % 64) + 64) % 64`
+	bucketExprE = `((` + hashExprE + ` % 64) + 64) % 64`
 )
 
 func schemaLockKey(schema string) int32 {

@@ -37,13 +37,7 @@ func (r *Relay) listenOnce(ctx context.Context, signal, connected func()) error 
 		return err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	// The channel name is computed by the server exactly as the wake_relay
-	// trigger computes it.
-	var stmt string
-	if err := conn.QueryRow(ctx, `SELECT 'LISTEN ' || quote_ident('outbox_' || left(md5($1), 16))`, r.cfg.Schema).Scan(&stmt); err != nil {
-		return err
-	}
-	if _, err := conn.Exec(ctx, stmt); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+wakeChannel(r.cfg.Schema)); err != nil {
 		return err
 	}
 	connected()

@@ -40,7 +40,7 @@ type claimedEvent struct {
 
 const claimedColumns = `e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggregate_id,
        e.aggregate_seq, e.event_type, e.topic, e.content_type, e.payload, e.headers,
-       e.created_at, e.attempts, e.permanent_failures, e.bucket_hash`
+       e.created_at, e.attempts, e.permanent_failures, ` + hashExprE
 
 func scanClaimed(row pgx.CollectableRow) (*claimedEvent, error) {
 	e := &claimedEvent{}

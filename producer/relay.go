@@ -289,8 +289,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		if !idle {
 			// Going idle: say so, so that writers start to notify, and then
 			// look once more right away and once after idleSettle, for rows
-			// whose commit-time trigger ran before the flag was visible and
-			// whose commit itself became visible only after that first look.
+			// whose writers asked before the flag was visible (or skipped
+			// the question; see wakeQuietFor) and committed only after that
+			// first look.
 			idle = true
 			if err := owner.setIdle(ctx, true); err != nil {
 				r.logError(ctx, "relay: set idle flag", err)
@@ -313,11 +314,12 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // idleSettle is how long after going idle the relay looks for work one
-// last time before it sleeps until notified. It covers writers whose
-// commit-time trigger read the flag just before it was set and whose commit
-// was still being flushed at the relay's immediate second look: a commit
-// takes well under this. A write missed even so waits one PollInterval.
-const idleSettle = 10 * time.Millisecond
+// last time before it sleeps until notified. It covers writers that asked
+// whether a relay was idle just before the flag was set, or skipped asking
+// for wakeQuietFor because the last writer to ask found none, and that
+// committed after the relay's immediate second look. A write missed even so
+// (its transaction ran on for longer after Write) waits one PollInterval.
+const idleSettle = 2 * wakeQuietFor
 
 // prune runs Prune every RetentionInterval until ctx ends, apart from the
 // publishing loop so that a long prune never delays delivery.

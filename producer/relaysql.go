@@ -69,7 +69,7 @@ WITH blocked AS MATERIALIZED (
       AND e.next_attempt_at <= now()
       AND (e.leased_until IS NULL OR e.leased_until < now())
       AND ` + bucketExprE + ` = ANY($1::int[])
-      AND e.bucket_hash NOT IN (SELECT unnest($4::int[]))
+      AND ` + hashExprE + ` NOT IN (SELECT unnest($4::int[]))
       AND NOT EXISTS (
             SELECT 1 FROM blocked b
             WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id

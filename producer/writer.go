@@ -33,8 +33,10 @@ type WriterConfig struct {
 // It holds no connection and is safe for concurrent use.
 type Writer struct {
 	maxPayload int
-	insertSQL  string
-	insertOne  string
+	// The statements for one event and for several, each without and with
+	// the wake-up check (see wakeGate).
+	insertOne, insertOneWake, insertMany, insertManyWake string
+	gates                                                *wakeGates
 }
 
 // NewWriter returns a Writer for cfg (nil means defaults).
@@ -50,7 +52,19 @@ func NewWriter(cfg *WriterConfig) *Writer {
 	if maxPayload <= 0 {
 		maxPayload = DefaultMaxPayloadBytes
 	}
-	return &Writer{maxPayload: maxPayload, insertSQL: qualify(insertEventsSQL, schema), insertOne: qualify(insertEventSQL, schema)}
+	wake := qualify(wakeColumnSQL, schema)
+	wake = strings.ReplaceAll(wake, "{channel}", wakeChannel(schema))
+	build := func(sql, wakeColumn string) string {
+		return strings.ReplaceAll(qualify(sql, schema), "{wake}", wakeColumn)
+	}
+	return &Writer{
+		maxPayload:     maxPayload,
+		insertOne:      build(insertEventSQL, ""),
+		insertOneWake:  build(insertEventSQL, wake),
+		insertMany:     build(insertEventsSQL, ""),
+		insertManyWake: build(insertEventsSQL, wake),
+		gates:          newWakeGates(),
+	}
 }
 
 var defaultWriter = NewWriter(nil)
@@ -68,7 +82,7 @@ func Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 // commit order, and the sorted order keeps two multi-aggregate writers from
 // deadlocking each other. Events of one aggregate in one call get
 // consecutive numbers, in call order. Ids are drawn after the lock, so they
-// rise with the sequence too. The relay is woken by a trigger at commit.
+// rise with the sequence too. {wake} is empty or wakeColumnSQL.
 const insertEventsSQL = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
@@ -93,11 +107,17 @@ FROM input i
 JOIN counts c USING (aggregate_type, aggregate_id)
 JOIN bumped b USING (aggregate_type, aggregate_id)
 ORDER BY i.ord
-RETURNING id, event_id::text, aggregate_seq`
+RETURNING id, event_id::text, aggregate_seq{wake}`
 
 // insertEventSQL is insertEventsSQL for the common single event: the same
 // locking, without the array unpacking, grouping and window function, which
-// cost more than the inserts themselves.
+// cost more than the inserts themselves. The row comes out of bumped, so
+// its id is drawn only after the upsert took the sequence row's lock: with
+// the sequence as a scalar subquery of VALUES instead, the id could be drawn
+// first, and a writer waiting for the lock would hold a lower id than the
+// one it waits for, with a higher sequence; the relay, which publishes in
+// id order, would then put them on the wire out of order. NULL parameters
+// stand for no topic, no content type and no headers.
 const insertEventSQL = `
 WITH bumped AS (
     INSERT INTO {schema}.sequences AS s (aggregate_type, aggregate_id, last_seq)
@@ -107,9 +127,9 @@ WITH bumped AS (
 )
 INSERT INTO {schema}.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
                              event_type, topic, content_type, payload, headers)
-SELECT $1::uuid, $2, $3, $4, last_seq, $5, nullif($6, ''), nullif($7, ''), $8, $9::jsonb
+SELECT $1::uuid, $2, $3, $4, last_seq, $5, $6::text, $7::text, $8, coalesce($9::jsonb, '{}')
 FROM bumped
-RETURNING id, event_id::text, aggregate_seq`
+RETURNING id, aggregate_seq{wake}`
 
 // Write inserts events into the outbox inside tx and returns, in the order
 // given, their ids and sequence numbers. The events become visible to the
@@ -124,6 +144,12 @@ RETURNING id, event_id::text, aggregate_seq`
 // aggregates A and B in opposite orders can deadlock (PostgreSQL then
 // aborts one). Write all of a transaction's events in one call to avoid it.
 //
+// Write also wakes a relay that is idle, with a notification that is sent
+// only if tx commits. Whether a relay is idle is looked up when Write runs,
+// not at commit: write the events late in a long transaction for the
+// lowest latency. A missed wake-up delays the events by at most the relay's
+// PollInterval; it never loses them.
+//
 // Invalid input is refused with a *ValidationError before anything is sent
 // to the database. A nil tx returns ErrNoTx; a finished one returns an error
 // wrapping pgx.ErrTxClosed.
@@ -134,6 +160,72 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 	if len(events) == 0 {
 		return nil, nil
 	}
+	for i := range events {
+		if err := events[i].validate(i, w.maxPayload); err != nil {
+			return nil, err
+		}
+	}
+	gate := w.gates.forTx(tx)
+	check := gate.due()
+	var (
+		out  []Written
+		woke bool
+		err  error
+	)
+	if len(events) == 1 {
+		out, woke, err = w.writeOne(ctx, tx, &events[0], check)
+	} else {
+		out, woke, err = w.writeMany(ctx, tx, events, check)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if check && !woke {
+		gate.quiet()
+	}
+	return out, nil
+}
+
+func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) ([]Written, bool, error) {
+	id := uuidV7()
+	key := e.IdempotencyKey
+	if key == "" {
+		key = id
+	}
+	payload := e.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	var topic, contentType, headers any
+	if e.Topic != "" {
+		topic = e.Topic
+	}
+	if e.ContentType != "" {
+		contentType = e.ContentType
+	}
+	if len(e.Headers) > 0 {
+		b, err := json.Marshal(e.Headers)
+		if err != nil {
+			return nil, false, fmt.Errorf("producer: encode headers of event 0: %w", err)
+		}
+		headers = string(b)
+	}
+	args := []any{id, key, e.AggregateType, e.AggregateID, e.EventType, topic, contentType, payload, headers}
+	wr := Written{EventID: id}
+	var woke bool
+	var err error
+	if check {
+		err = tx.QueryRow(ctx, w.insertOneWake, args...).Scan(&wr.ID, &wr.Seq, &woke)
+	} else {
+		err = tx.QueryRow(ctx, w.insertOne, args...).Scan(&wr.ID, &wr.Seq)
+	}
+	if err != nil {
+		return nil, false, writeErr(err)
+	}
+	return []Written{wr}, woke, nil
+}
+
+func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check bool) ([]Written, bool, error) {
 	n := len(events)
 	var (
 		eventIDs     = make([]string, n)
@@ -149,9 +241,6 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 	)
 	for i := range events {
 		e := &events[i]
-		if err := e.validate(i, w.maxPayload); err != nil {
-			return nil, err
-		}
 		id := uuidV7()
 		eventIDs[i], aggTypes[i], aggIDs[i], eventTypes[i] = id, e.AggregateType, e.AggregateID, e.EventType
 		topics[i], contentTypes[i] = e.Topic, e.ContentType
@@ -167,43 +256,45 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 		if len(e.Headers) > 0 {
 			b, err := json.Marshal(e.Headers)
 			if err != nil {
-				return nil, fmt.Errorf("producer: encode headers of event %d: %w", i, err)
+				return nil, false, fmt.Errorf("producer: encode headers of event %d: %w", i, err)
 			}
 			headers[i] = string(b)
 		}
 		index[id] = i
 	}
-	if n == 1 {
-		var wr Written
-		err := tx.QueryRow(ctx, w.insertOne, eventIDs[0], keys[0], aggTypes[0], aggIDs[0], eventTypes[0], topics[0], contentTypes[0], payloads[0], headers[0]).
-			Scan(&wr.ID, &wr.EventID, &wr.Seq)
-		if err != nil {
-			return nil, writeErr(err)
-		}
-		return []Written{wr}, nil
+	sql := w.insertMany
+	if check {
+		sql = w.insertManyWake
 	}
-	rows, err := tx.Query(ctx, w.insertSQL, eventIDs, keys, aggTypes, aggIDs, eventTypes, topics, contentTypes, payloads, headers)
+	rows, err := tx.Query(ctx, sql, eventIDs, keys, aggTypes, aggIDs, eventTypes, topics, contentTypes, payloads, headers)
 	if err != nil {
-		return nil, writeErr(err)
+		return nil, false, writeErr(err)
 	}
 	out := make([]Written, n)
-	var got int
+	var (
+		got  int
+		woke bool
+	)
 	for rows.Next() {
 		var wr Written
-		if err := rows.Scan(&wr.ID, &wr.EventID, &wr.Seq); err != nil {
+		dest := []any{&wr.ID, &wr.EventID, &wr.Seq}
+		if check {
+			dest = append(dest, &woke)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("producer: read written events: %w", err)
+			return nil, false, fmt.Errorf("producer: read written events: %w", err)
 		}
 		out[index[wr.EventID]] = wr
 		got++
 	}
 	if err := rows.Err(); err != nil {
-		return nil, writeErr(err)
+		return nil, false, writeErr(err)
 	}
 	if got != n {
-		return nil, fmt.Errorf("producer: insert events: %d of %d rows came back", got, n)
+		return nil, false, fmt.Errorf("producer: insert events: %d of %d rows came back", got, n)
 	}
-	return out, nil
+	return out, woke, nil
 }
 
 func writeErr(err error) error {

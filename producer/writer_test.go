@@ -3,9 +3,11 @@ package producer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -52,6 +54,108 @@ func TestWriter(t *testing.T) {
 		require.Equal(t, written[0].EventID, key, "the idempotency key defaults to the event id")
 	})
 
+	t.Run("SingleEventStoresEveryField", func(t *testing.T) {
+		t.Parallel()
+		w, db := setup(t)
+		full := event("o-1")
+		full.Topic, full.ContentType, full.IdempotencyKey = "orders", "application/json", "request-7"
+		full.Headers = map[string]string{"traceparent": "00-abc-01"}
+		var written []producer.Written
+		for _, e := range []producer.Event{full, event("o-2")} {
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			ws, err := w.Write(ctx, tx, e)
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit(ctx))
+			written = append(written, ws...)
+		}
+		type row struct {
+			EventID, Key, AggType, AggID, EventType string
+			Seq                                     int64
+			Topic, ContentType                      *string
+			Payload                                 []byte
+			Headers                                 map[string]string
+		}
+		read := func(id int64) row {
+			var r row
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT event_id::text, idempotency_key, aggregate_type, aggregate_id, event_type,
+       aggregate_seq, topic, content_type, payload, headers FROM `+db.Table("events")+` WHERE id = $1`, id).
+				Scan(&r.EventID, &r.Key, &r.AggType, &r.AggID, &r.EventType, &r.Seq, &r.Topic, &r.ContentType, &r.Payload, &r.Headers))
+			return r
+		}
+		got := read(written[0].ID)
+		require.Equal(t, written[0].EventID, got.EventID)
+		require.Equal(t, "request-7", got.Key)
+		require.Equal(t, []string{"order", "o-1", "order.created"}, []string{got.AggType, got.AggID, got.EventType})
+		require.Equal(t, int64(1), got.Seq)
+		require.Equal(t, "orders", *got.Topic)
+		require.Equal(t, "application/json", *got.ContentType)
+		require.Equal(t, `{"b":1,"a":2}`, string(got.Payload))
+		require.Equal(t, map[string]string{"traceparent": "00-abc-01"}, got.Headers)
+
+		bare := read(written[1].ID)
+		require.Equal(t, written[1].EventID, bare.Key, "the idempotency key defaults to the event id")
+		require.Nil(t, bare.Topic)
+		require.Nil(t, bare.ContentType)
+		require.Empty(t, bare.Headers)
+	})
+
+	t.Run("WakesAnIdleRelayOnlyOnCommit", func(t *testing.T) {
+		t.Parallel()
+		w, db := setup(t)
+		// The channel, computed by the server from the schema name.
+		var channel string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT 'outbox_' || left(md5($1), 16)`, db.Schema).Scan(&channel))
+		listener, err := pgx.Connect(ctx, db.Server.URL)
+		require.NoError(t, err)
+		defer listener.Close(ctx)
+		_, err = listener.Exec(ctx, "LISTEN "+channel)
+		require.NoError(t, err)
+		next := func() string {
+			t.Helper()
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			n, err := listener.WaitForNotification(wctx)
+			require.NoError(t, err)
+			return n.Payload
+		}
+		// marker sends a notification of its own: notifications arrive in
+		// commit order, so whatever a write sent comes before it.
+		marker := func() {
+			t.Helper()
+			_, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, channel)
+			require.NoError(t, err)
+		}
+		write := func(w *producer.Writer, commit bool) {
+			t.Helper()
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			_, err = w.Write(ctx, tx, event("o-1"))
+			require.NoError(t, err)
+			if commit {
+				require.NoError(t, tx.Commit(ctx))
+			}
+		}
+
+		write(w, true)
+		marker()
+		require.Equal(t, "marker", next(), "no relay is idle: nobody is notified")
+
+		_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('r1', now() + interval '1 hour')`)
+		require.NoError(t, err)
+		// A new Writer: the first one may skip the question for a moment
+		// after it found no relay idle.
+		w = producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+		write(w, false)
+		marker()
+		require.Equal(t, "marker", next(), "a rolled-back write notifies nobody")
+		write(w, true)
+		write(w, true)
+		require.Equal(t, "", next(), "a committed write wakes the idle relay")
+		require.Equal(t, "", next(), "and so does the next, while the relay stays idle")
+	})
+
 	t.Run("RollbackLeavesNothing", func(t *testing.T) {
 		t.Parallel()
 		w, db := setup(t)
@@ -87,10 +191,14 @@ func TestWriter(t *testing.T) {
 		require.Equal(t, 0, count(t, db))
 	})
 
-	t.Run("ConcurrentWritersGetDenseSequencesInCommitOrder", func(t *testing.T) {
-		t.Parallel()
+	concurrentWriters := func(t *testing.T, perWrite int) {
+		t.Helper()
 		w, db := setup(t)
 		const writers, each = 8, 25
+		events := make([]producer.Event, perWrite)
+		for i := range events {
+			events[i] = event("hot")
+		}
 		var wg sync.WaitGroup
 		errs := make(chan error, writers)
 		for range writers {
@@ -101,7 +209,7 @@ func TestWriter(t *testing.T) {
 						errs <- err
 						return
 					}
-					if _, err := w.Write(ctx, tx, event("hot"), event("hot")); err != nil {
+					if _, err := w.Write(ctx, tx, events...); err != nil {
 						_ = tx.Rollback(ctx)
 						errs <- err
 						return
@@ -122,11 +230,19 @@ func TestWriter(t *testing.T) {
 		require.NoError(t, err)
 		seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		require.NoError(t, err)
-		require.Len(t, seqs, writers*each*2)
+		require.Len(t, seqs, writers*each*perWrite)
 		for i, s := range seqs {
 			require.Equal(t, int64(i+1), s, "id order and sequence order agree, without gaps")
 		}
-	})
+	}
+	// One event and several take different statements; both must draw ids
+	// in sequence order, which is the order the relay publishes in.
+	for _, perWrite := range []int{1, 2} {
+		t.Run(fmt.Sprintf("ConcurrentWritersGetDenseSequencesInCommitOrder/%dPerWrite", perWrite), func(t *testing.T) {
+			t.Parallel()
+			concurrentWriters(t, perWrite)
+		})
+	}
 
 	t.Run("RefusesBadInput", func(t *testing.T) {
 		t.Parallel()
