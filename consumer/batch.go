@@ -30,14 +30,44 @@ import (
 // returned are those of the records before it.
 func (p *Processor) ProcessBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {
 	res, err := p.processBatch(ctx, recs)
-	if p.cfg.Hooks != nil {
-		for i, r := range res {
-			p.cfg.Hooks.OnRecord(ctx, recs[i], r, nil)
-		}
-		if err != nil && len(res) < len(recs) {
-			p.cfg.Hooks.OnRecord(ctx, recs[len(res)], Result{}, err)
-		}
+	p.report(ctx, recs, res, err)
+	return res, err
+}
+
+// report tells the hooks what became of recs: res for the first len(res),
+// err for the next one.
+func (p *Processor) report(ctx context.Context, recs []*kgo.Record, res []Result, err error) {
+	if p.cfg.Hooks == nil {
+		return
 	}
+	for i, r := range res {
+		p.cfg.Hooks.OnRecord(ctx, recs[i], r, nil)
+	}
+	if err != nil && len(res) < len(recs) {
+		p.cfg.Hooks.OnRecord(ctx, recs[len(res)], Result{}, err)
+	}
+}
+
+// tryBatch is ProcessBatch's happy path alone, for records of several
+// partitions (each partition's in offset order): all of recs applied in one
+// transaction (ok), or nothing done. failed and ferr then name the message
+// whose handler failed, if one did, for processBatchAfter.
+func (p *Processor) tryBatch(ctx context.Context, recs []*kgo.Record) (ok bool, failed *Message, ferr error) {
+	res, ok, failed, ferr, err := p.batchOnce(ctx, recs)
+	if err != nil || !ok {
+		return false, failed, ferr
+	}
+	p.report(ctx, recs, res, nil)
+	return true, nil, nil
+}
+
+// processBatchAfter is ProcessBatch for recs after a tryBatch that failed
+// in the handler of failed, one of recs, with ferr: the records are
+// processed one by one, and failed's handler run counts as its first
+// attempt.
+func (p *Processor) processBatchAfter(ctx context.Context, recs []*kgo.Record, failed *Message, ferr error) ([]Result, error) {
+	res, err := p.fallback(ctx, recs, failed, ferr)
+	p.report(ctx, recs, res, err)
 	return res, err
 }
 

@@ -46,7 +46,9 @@ type Config struct {
 	// letter; only checked against KeyRetention. Default 0 (not checked).
 	ReplayWindow time.Duration
 	// BatchSize is how many consecutive records of a partition the Consumer
-	// applies in one transaction. Default 1. See ProcessBatch.
+	// applies in one transaction. Above 1, a poll with records of several
+	// partitions and no more than BatchSize in all also goes in one
+	// transaction. Default 1. See ProcessBatch.
 	BatchSize int
 	// MaxPollRecords bounds the records one poll hands to the Consumer.
 	// Default 1000.

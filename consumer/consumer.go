@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,9 +28,10 @@ func ClientOpts() []kgo.Opt {
 
 // Consumer runs a Processor over a franz-go consumer group: records of a
 // partition strictly in offset order, partitions in parallel (one goroutine
-// per partition with records in the current poll), offsets committed only
-// after the database commit, after each poll's records are done and before
-// any rebalance can proceed.
+// per partition with records in the current poll; in batch mode, a poll of
+// no more than BatchSize records in one transaction), offsets committed
+// only after the database commit, after each poll's records are done and
+// before any rebalance can proceed.
 //
 // The client must be created with ClientOpts. Because of
 // kgo.BlockRebalanceOnPoll, a partition is handed to another member only
@@ -157,11 +159,33 @@ func (c *Consumer) round(ctx, work context.Context, fetches kgo.Fetches) {
 		return
 	}
 	done := make([]*kgo.Record, len(parts))
-	var wg sync.WaitGroup
-	for i, recs := range parts {
-		wg.Go(func() { done[i] = c.partition(ctx, work, recs) })
+	var (
+		applied bool
+		failed  *Message
+		ferr    error
+	)
+	if together, ok := c.together(parts); ok {
+		// A poll this small goes in one transaction: at low rates a poll
+		// holds a record or two of each partition, and one transaction
+		// for all of them costs far less than one per partition.
+		if applied, failed, ferr = c.proc.tryBatch(work, together); applied {
+			for i, recs := range parts {
+				done[i] = recs[len(recs)-1]
+			}
+		}
 	}
-	wg.Wait()
+	if !applied {
+		var wg sync.WaitGroup
+		for i, recs := range parts {
+			var f *Message
+			var fe error
+			if failed != nil && slices.Contains(recs, failed.Record) {
+				f, fe = failed, ferr
+			}
+			wg.Go(func() { done[i] = c.partition(ctx, work, recs, f, fe) })
+		}
+		wg.Wait()
+	}
 	var marks []*kgo.Record
 	for _, r := range done {
 		if r != nil {
@@ -181,10 +205,27 @@ func (c *Consumer) round(ctx, work context.Context, fetches kgo.Fetches) {
 	}
 }
 
+// together returns the records of parts in one slice, each partition's in
+// offset order, when batch mode is on, the poll spans several partitions
+// and it holds no more than BatchSize records in all.
+func (c *Consumer) together(parts [][]*kgo.Record) ([]*kgo.Record, bool) {
+	if c.cfg.BatchSize < 2 || len(parts) < 2 {
+		return nil, false
+	}
+	var all []*kgo.Record
+	for _, recs := range parts {
+		all = append(all, recs...)
+	}
+	return all, len(all) <= c.cfg.BatchSize
+}
+
 // partition processes recs (one partition's, in offset order) and returns
 // the last record done. It stops early only when ctx ends: it takes no new
-// record then, and a record in flight may finish within work.
-func (c *Consumer) partition(ctx, work context.Context, recs []*kgo.Record) *kgo.Record {
+// record then, and a record in flight may finish within work. failed, when
+// not nil, is a record of recs whose handler already failed with ferr in a
+// transaction that was rolled back (see Consumer.together); recs then fit
+// in one chunk.
+func (c *Consumer) partition(ctx, work context.Context, recs []*kgo.Record, failed *Message, ferr error) *kgo.Record {
 	var last *kgo.Record
 	for len(recs) > 0 && ctx.Err() == nil {
 		chunk := recs[:min(c.cfg.BatchSize, len(recs))]
@@ -193,12 +234,16 @@ func (c *Consumer) partition(ctx, work context.Context, recs []*kgo.Record) *kgo
 				res []Result
 				err error
 			)
-			if len(chunk) == 1 {
+			switch {
+			case failed != nil:
+				res, err = c.proc.processBatchAfter(work, chunk, failed, ferr)
+				failed = nil
+			case len(chunk) == 1:
 				var r Result
 				if r, err = c.proc.Process(work, chunk[0]); err == nil {
 					res = []Result{r}
 				}
-			} else {
+			default:
 				res, err = c.proc.ProcessBatch(work, chunk)
 			}
 			if len(res) > 0 {

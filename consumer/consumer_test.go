@@ -293,6 +293,62 @@ func TestConsumer(t *testing.T) {
 		})
 	}
 
+	// In batch mode a poll of a few records over several partitions goes
+	// in one transaction; a failing record then takes the records one at a
+	// time again, with no more handler runs than single mode gives it.
+	t.Run("SmallPollsGoInOneTransaction", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 4)
+		var (
+			mu    sync.Mutex
+			parts = map[int64]map[int32]bool{} // transaction id -> partitions
+		)
+		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			var txid int64
+			if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
+				return err
+			}
+			mu.Lock()
+			if parts[txid] == nil {
+				parts[txid] = map[int32]bool{}
+			}
+			parts[txid][m.Partition] = true
+			mu.Unlock()
+			return b.effects.Handle(ctx, tx, m)
+		})
+		recs := stream(12, 12)
+		b.produce(t, recs...)
+		r := b.start(t, h, fastConfig(b.db, 50))
+		eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 12 }, "all offsets committed")
+		r.stop(t)
+		rows, distinct := b.effects.count(t)
+		require.Equal(t, 12, rows)
+		require.Equal(t, 12, distinct)
+		mu.Lock()
+		widest := 0
+		for _, ps := range parts {
+			widest = max(widest, len(ps))
+		}
+		mu.Unlock()
+		require.Greater(t, widest, 1, "one transaction applied records of several partitions")
+
+		// The same with a poison record among them, under a new group.
+		b.effects.setFail("poison", errBroken)
+		b.group += "-poison"
+		b.produce(t, rec("poison", 1, "poison-1"), rec("poison", 2, "poison-2"))
+		r = b.start(t, b.effects, fastConfig(b.db, 50))
+		eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 14 }, "all offsets committed")
+		r.stop(t)
+		rows, _ = b.effects.count(t)
+		require.Equal(t, 12, rows, "the other records applied once")
+		require.Equal(t, 3, b.effects.callsOf("poison-1"), "MaxAttempts handler runs, the batch's included")
+		letters, err := deadletter.New(&deadletter.Config{Schema: b.db.Schema}).List(ctx, b.db.Pool, nil)
+		require.NoError(t, err)
+		require.Len(t, letters, 1)
+		require.Equal(t, 3, letters[0].Attempts)
+		require.Equal(t, 0, b.effects.callsOf("poison-2"), "parked behind the dead letter")
+	})
+
 	t.Run("ShutdownCommitsWhatWasApplied", func(t *testing.T) {
 		t.Parallel()
 		b := newGroupBundle(t, 1)

@@ -24,8 +24,10 @@ import (
 // consumer.Consumer (dedupe and ordering on) whose handler inserts a row.
 // It reports the latency from the writer's commit returning to the
 // consumer's handler running, p50 and p99, with one record per consumer
-// transaction and with batches of up to 100. Writers, relay, consumer and
-// PostgreSQL share the machine.
+// transaction and with batches of up to 100, and the p99 of its two legs:
+// commit to the relay producing the record (the record's timestamp), and
+// that to the handler. Writers, relay, consumer and PostgreSQL share the
+// machine.
 //
 //	go test -run '^$' -bench EndToEnd -benchtime 1x ./consumer
 func BenchmarkEndToEnd(b *testing.B) {
@@ -33,16 +35,22 @@ func BenchmarkEndToEnd(b *testing.B) {
 		for _, rate := range []int{300, 1000} {
 			b.Run(fmt.Sprintf("batch=%d/rate=%d", batch, rate), func(b *testing.B) {
 				for b.Loop() {
-					p50, p99 := endToEnd(b, rate, batch, 5*time.Second)
-					b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
-					b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+					l := endToEnd(b, rate, batch, 5*time.Second)
+					ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+					b.ReportMetric(ms(l.p50), "p50-ms")
+					b.ReportMetric(ms(l.p99), "p99-ms")
+					b.ReportMetric(ms(l.relayP99), "relay-p99-ms")
+					b.ReportMetric(ms(l.consumeP99), "consume-p99-ms")
 				}
 			})
 		}
 	}
 }
 
-func endToEnd(b *testing.B, rate, batch int, dur time.Duration) (p50, p99 time.Duration) {
+// latencies are one run's percentiles.
+type latencies struct{ p50, p99, relayP99, consumeP99 time.Duration }
+
+func endToEnd(b *testing.B, rate, batch int, dur time.Duration) latencies {
 	ctx := context.Background()
 	db := pgtest.New(b, &pgtest.Opts{MaxConns: 30})
 	broker := kafkatest.New(b)
@@ -63,6 +71,9 @@ func endToEnd(b *testing.B, rate, batch int, dur time.Duration) (p50, p99 time.D
 	var (
 		mu      sync.Mutex
 		handled = map[string]time.Time{}
+		// produced is each record's timestamp, set by the relay's client
+		// when it produced the record.
+		produced = map[string]time.Time{}
 	)
 	total := rate * int(dur/time.Second)
 	allHandled := make(chan struct{})
@@ -75,6 +86,7 @@ func endToEnd(b *testing.B, rate, batch int, dur time.Duration) (p50, p99 time.D
 		defer mu.Unlock()
 		if _, seen := handled[m.EventID]; !seen {
 			handled[m.EventID] = now
+			produced[m.EventID] = m.Timestamp
 			if len(handled) == total {
 				close(allHandled)
 			}
@@ -101,5 +113,9 @@ func endToEnd(b *testing.B, rate, batch int, dur time.Duration) (p50, p99 time.D
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return pacedwrite.Percentiles(committed, handled)
+	var l latencies
+	l.p50, l.p99 = pacedwrite.Percentiles(committed, handled)
+	_, l.relayP99 = pacedwrite.Percentiles(committed, produced)
+	_, l.consumeP99 = pacedwrite.Percentiles(produced, handled)
+	return l
 }
