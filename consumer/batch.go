@@ -211,6 +211,11 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 			if ctx.Err() != nil {
 				return nil, false, nil, nil, ctx.Err()
 			}
+			if tx.Conn().IsClosed() {
+				// The database went away under the handler: that says
+				// nothing about the record and must not count as its try.
+				return nil, false, nil, nil, infra(fmt.Errorf("consumer: handler lost its connection: %w", err))
+			}
 			return nil, false, m, err, nil
 		}
 	}

@@ -87,12 +87,20 @@ func TestDatabaseFaults(t *testing.T) {
 			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
 			return err
 		})
-		p, err := consumer.Handle(db.Pool, "svc", h, fastConfig(db, 1))
+		// One attempt only: a lost connection counted as the record's try
+		// would dead-letter it at once.
+		cfg := fastConfig(db, 1)
+		cfg.MaxAttempts = 1
+		p, err := consumer.Handle(db.Pool, "svc", h, cfg)
 		require.NoError(t, err)
 		r := rec("o", 1, "k")
 		r.Topic, r.Offset = "orders", nextOffset.Add(1)
 		_, err = p.Process(ctx, r)
 		require.Error(t, err)
+		r2 := rec("o", 2, "k2")
+		r2.Topic, r2.Offset = "orders", nextOffset.Add(1)
+		_, err = p.ProcessBatch(ctx, []*kgo.Record{r, r2})
+		require.Error(t, err, "in a batch too")
 		var letters int
 		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("dead_letters")).Scan(&letters))
 		require.Zero(t, letters)

@@ -3,12 +3,14 @@ package producer
 import (
 	"crypto/md5"
 	"encoding/hex"
-	"strconv"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // wakeChannel is the LISTEN/NOTIFY channel of a schema's relays: a hash of
@@ -21,85 +23,125 @@ func wakeChannel(schema string) string {
 	return "outbox_" + hex.EncodeToString(sum[:])[:16]
 }
 
-// wakeColumnSQL is the last column of a write's RETURNING when the write
-// asks whether a relay is idle: it notifies the relays' channel if one is,
-// and says whether it did. The subquery is uncorrelated, so it runs once per
-// statement however many rows the statement inserts. NOTIFY is
-// transactional: the relays hear of it only if the writer commits.
+// wakeColumnsSQL are the last columns of a write's RETURNING when the write
+// asks whether a relay is idle: the first notifies the relays' channel if
+// one is, and says whether it did; the second says whether the answer is
+// fresh, which it is only under READ COMMITTED (otherwise the statement
+// reads the relays with the snapshot its transaction began with). The
+// subquery is uncorrelated, so it runs once per statement however many
+// rows the statement inserts. NOTIFY is transactional: the relays hear of
+// it only if the writer commits.
 //
 // NOTIFY is not sent from every write because a notifying transaction takes
 // a database-wide lock at commit and holds it across the WAL flush, so
 // notifying writers commit one at a time (at 16 connections that cost over
 // half the commits). An idle relay has little to contend with; a busy one
 // claims again straight after each batch and needs no signal.
-const wakeColumnSQL = `, (SELECT count(pg_notify('{channel}', ''))
-    FROM (SELECT FROM {schema}.relays WHERE idle_until > now() LIMIT 1) AS idle) > 0`
+const wakeColumnsSQL = `, (SELECT count(pg_notify('{channel}', ''))
+    FROM (SELECT FROM {schema}.relays WHERE idle_until > now() LIMIT 1) AS idle) > 0,
+    current_setting('transaction_isolation') = 'read committed'`
 
-// wakeQuietFor is how long after a write found no relay idle the writes on
-// the same database skip the question. At high rates that takes the check
-// off almost every write. A relay that goes idle within that time is not
+// wakeQuietFor is how long writes to a database skip the question after a
+// write found no relay idle, counted from when that write's statement was
+// sent (its snapshot is no older). At high rates that takes the check off
+// almost every write. A relay that goes idle within that time is not
 // notified by those writes; it looks for work again idleSettle after going
-// idle, which must be longer than this, so their events wait at most about
+// idle, which must be longer than this, so their events wait about
 // idleSettle rather than a PollInterval.
 const wakeQuietFor = 5 * time.Millisecond
 
-// wakeGate says whether the writes on one database should ask for an idle
-// relay. It is shared by the Writer's goroutines.
+// wakeGate says whether the writes of one schema on one database should ask
+// for an idle relay. It is shared by every Writer and goroutine.
 type wakeGate struct {
-	// quietUntil is when writes must ask again, in UnixNano.
-	quietUntil atomic.Int64
+	// quietUntil is when writes must ask again; nil until the first quiet.
+	// It keeps time.Now's monotonic reading, so a step of the wall clock
+	// cannot quiet a gate for long.
+	quietUntil atomic.Pointer[time.Time]
 }
 
 // due reports whether a write should ask. A nil gate always asks.
 func (g *wakeGate) due() bool {
-	return g == nil || time.Now().UnixNano() >= g.quietUntil.Load()
+	if g == nil {
+		return true
+	}
+	until := g.quietUntil.Load()
+	return until == nil || !time.Now().Before(*until)
 }
 
-// quiet records that a write asked and found no relay idle.
-func (g *wakeGate) quiet() {
-	if g != nil {
-		g.quietUntil.Store(time.Now().Add(wakeQuietFor).UnixNano())
+// quiet records that a write whose statement was sent at sent (a time.Now
+// reading) asked and found no relay idle.
+func (g *wakeGate) quiet(sent time.Time) {
+	if g == nil {
+		return
+	}
+	until := sent.Add(wakeQuietFor)
+	for {
+		old := g.quietUntil.Load()
+		if old != nil && !old.Before(until) {
+			return
+		}
+		if g.quietUntil.CompareAndSwap(old, &until) {
+			return
+		}
 	}
 }
 
-// wakeGates holds a Writer's gates, one per database it writes to: whether
-// a relay is idle on one database says nothing about another.
-type wakeGates struct {
-	// connKey names the gate in each connection's CustomData, so that the
-	// database is looked up once per connection rather than per write.
-	connKey string
-	// byDatabase maps a databaseKey to its *wakeGate.
-	byDatabase sync.Map
-}
-
+// databaseKey names a database as a connection's configuration does.
 type databaseKey struct {
 	host     string
 	port     uint16
 	database string
 }
 
-var writerSerial atomic.Int64
-
-func newWakeGates() *wakeGates {
-	return &wakeGates{connKey: "outbox.producer.wakeGate." + strconv.FormatInt(writerSerial.Add(1), 10)}
+type gateKey struct {
+	db     databaseKey
+	schema string
 }
 
-// forTx returns the gate of tx's database, or nil when tx does not say
-// which connection it runs on (then every write asks).
-func (gs *wakeGates) forTx(tx pgx.Tx) *wakeGate {
+// wakeGates finds the gate of a write's database and schema. There is one
+// set for the process, so that Writers made per request share their gates.
+type wakeGates struct {
+	// conns maps a weak.Pointer[pgconn.PgConn] to its databaseKey, so that
+	// the configuration is copied once per connection, not per write. An
+	// entry goes when its connection is garbage collected.
+	conns sync.Map
+	// gates maps a gateKey to its *wakeGate.
+	gates sync.Map
+}
+
+var wakeRegistry wakeGates
+
+// forTx returns the gate of tx's database and schema, or nil (every write
+// asks) when tx does not say which connection it runs on. It reads only
+// what a connection never changes once made, so it is safe to call with a
+// finished transaction whose connection another goroutine now uses.
+func (gs *wakeGates) forTx(tx pgx.Tx, schema string) (gate *wakeGate) {
+	// Some Tx implementations (test doubles among them) panic in Conn.
+	defer func() {
+		if recover() != nil {
+			gate = nil
+		}
+	}()
 	conn := tx.Conn()
 	if conn == nil || conn.PgConn() == nil {
 		return nil
 	}
-	data := conn.PgConn().CustomData()
-	if g, ok := data[gs.connKey].(*wakeGate); ok {
-		return g
+	pc := conn.PgConn()
+	wp := weak.Make(pc)
+	var db databaseKey
+	if v, ok := gs.conns.Load(wp); ok {
+		db = v.(databaseKey)
+	} else {
+		cfg := conn.Config()
+		db = databaseKey{host: cfg.Host, port: cfg.Port, database: cfg.Database}
+		if _, loaded := gs.conns.LoadOrStore(wp, db); !loaded {
+			runtime.AddCleanup(pc, func(wp weak.Pointer[pgconn.PgConn]) { gs.conns.Delete(wp) }, wp)
+		}
 	}
-	cfg := conn.Config()
-	key := databaseKey{host: cfg.Host, port: cfg.Port, database: cfg.Database}
-	g, _ := gs.byDatabase.LoadOrStore(key, &wakeGate{})
-	if data != nil {
-		data[gs.connKey] = g
+	key := gateKey{db: db, schema: schema}
+	g, ok := gs.gates.Load(key)
+	if !ok {
+		g, _ = gs.gates.LoadOrStore(key, &wakeGate{})
 	}
 	return g.(*wakeGate)
 }

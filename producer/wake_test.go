@@ -20,7 +20,7 @@ func TestWakeGate(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			var g wakeGate
 			require.True(t, g.due(), "a new gate asks")
-			g.quiet()
+			g.quiet(time.Now())
 			require.False(t, g.due(), "right after a write found no relay idle, writes do not ask")
 			time.Sleep(wakeQuietFor - time.Nanosecond)
 			require.False(t, g.due())
@@ -29,14 +29,27 @@ func TestWakeGate(t *testing.T) {
 		})
 	})
 
+	t.Run("QuietCountsFromWhenTheStatementWasSent", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			var g wakeGate
+			g.quiet(time.Now().Add(-wakeQuietFor))
+			require.True(t, g.due(), "a statement that took longer than the quiet time quiets nothing")
+			g.quiet(time.Now())
+			g.quiet(time.Now().Add(-wakeQuietFor / 2))
+			time.Sleep(wakeQuietFor - time.Nanosecond)
+			require.False(t, g.due(), "an older answer does not shorten a newer one's quiet")
+		})
+	})
+
 	t.Run("NilGateAlwaysAsks", func(t *testing.T) {
 		t.Parallel()
 		var g *wakeGate
-		g.quiet()
+		g.quiet(time.Now())
 		require.True(t, g.due())
 	})
 
-	t.Run("OneGatePerDatabase", func(t *testing.T) {
+	t.Run("OneGatePerDatabaseAndSchema", func(t *testing.T) {
 		t.Parallel()
 		srv, err := pgtest.Shared()
 		require.NoError(t, err)
@@ -54,13 +67,144 @@ func TestWakeGate(t *testing.T) {
 			t.Cleanup(func() { _ = tx.Rollback(ctx) })
 			return tx
 		}
-		gates := newWakeGates()
+		var gs wakeGates
 		a1, a2, other := begin("postgres"), begin("postgres"), begin("template1")
-		g := gates.forTx(a1)
+		g := gs.forTx(a1, "outbox")
 		require.NotNil(t, g)
-		require.Same(t, g, gates.forTx(a1), "a connection keeps its gate")
-		require.Same(t, g, gates.forTx(a2), "connections to one database share a gate")
-		require.NotSame(t, g, gates.forTx(other), "another database has its own")
-		require.NotSame(t, g, newWakeGates().forTx(a1), "and so has another Writer")
+		require.Same(t, g, gs.forTx(a1, "outbox"), "a connection keeps its gate")
+		require.Same(t, g, gs.forTx(a2, "outbox"), "connections to one database share a gate")
+		require.NotSame(t, g, gs.forTx(other, "outbox"), "another database has its own")
+		require.NotSame(t, g, gs.forTx(a1, "other_schema"), "and so has another schema")
+	})
+
+	t.Run("TxWhoseConnPanicsAlwaysAsks", func(t *testing.T) {
+		t.Parallel()
+		var gs wakeGates
+		require.Nil(t, gs.forTx(panickyTx{}, "outbox"))
+	})
+}
+
+// panickyTx is a test double whose Conn panics, as some mocks' do.
+type panickyTx struct{ pgx.Tx }
+
+func (panickyTx) Conn() *pgx.Conn { panic("Conn is not available in this mock") }
+
+// TestWakeAnswersThatAreNotFresh checks that a write whose view of the
+// relays was older than its statement does not quiet the writes after it:
+// they must still wake a relay that went idle meanwhile.
+func TestWakeAnswersThatAreNotFresh(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	setup := func(t *testing.T) (*Writer, *pgtest.DB, func() string) {
+		t.Helper()
+		db := pgtest.New(t, nil)
+		listener, err := pgx.Connect(ctx, db.Server.URL)
+		require.NoError(t, err)
+		t.Cleanup(func() { listener.Close(ctx) })
+		channel := wakeChannel(db.Schema)
+		_, err = listener.Exec(ctx, "LISTEN "+channel)
+		require.NoError(t, err)
+		// next returns the payload of the next notification; a marker sent
+		// after a write comes after whatever the write sent.
+		next := func() string {
+			t.Helper()
+			_, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, channel)
+			require.NoError(t, err)
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			n, err := listener.WaitForNotification(wctx)
+			require.NoError(t, err)
+			if n.Payload != "marker" {
+				// Drain the marker behind the write's notification.
+				_, err := listener.WaitForNotification(wctx)
+				require.NoError(t, err)
+			}
+			return n.Payload
+		}
+		return NewWriter(&WriterConfig{Schema: db.Schema}), db, next
+	}
+	event := Event{AggregateType: "order", AggregateID: "o-1", EventType: "order.created"}
+	goIdle := func(t *testing.T, db *pgtest.DB) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('r1', now() + interval '1 hour')`)
+		require.NoError(t, err)
+	}
+	commitWrite := func(t *testing.T, w *Writer, db *pgtest.DB) {
+		t.Helper()
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		_, err = w.Write(ctx, tx, event)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+	}
+
+	t.Run("RepeatableReadSnapshot", func(t *testing.T) {
+		t.Parallel()
+		w, db, next := setup(t)
+		old, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		require.NoError(t, err)
+		defer old.Rollback(ctx)
+		_, err = old.Exec(ctx, `SELECT 1`) // takes the snapshot
+		require.NoError(t, err)
+		goIdle(t, db)
+		_, err = w.Write(ctx, old, Event{AggregateType: "order", AggregateID: "o-2", EventType: "order.created"})
+		require.NoError(t, err)
+		require.True(t, wakeRegistry.forTx(old, db.Schema).due(), "an answer from an old snapshot quiets nothing")
+		require.NoError(t, old.Commit(ctx))
+		require.Equal(t, "marker", next(), "the old snapshot saw no relay idle")
+		commitWrite(t, w, db)
+		require.Equal(t, "", next(), "the next write still asks, and wakes the relay")
+	})
+
+	t.Run("StatementThatWaitedForALock", func(t *testing.T) {
+		t.Parallel()
+		w, db, next := setup(t)
+		// holder keeps the aggregate's sequence row locked (with plain SQL,
+		// so that the gate is still fresh for the write that waits).
+		holder, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer holder.Rollback(ctx)
+		_, err = holder.Exec(ctx, `INSERT INTO `+db.Table("sequences")+` (aggregate_type, aggregate_id, last_seq) VALUES ('order', 'o-1', 1)`)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		var dueAfter bool
+		go func() {
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer tx.Rollback(ctx)
+			if _, err := w.Write(ctx, tx, event); err != nil {
+				done <- err
+				return
+			}
+			dueAfter = wakeRegistry.forTx(tx, db.Schema).due()
+			done <- tx.Commit(ctx)
+		}()
+		// Once the waiting write has blocked, the relay goes idle; the
+		// waiting statement's snapshot is older than that.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var waiting bool
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%sequences%')`).Scan(&waiting))
+			if waiting {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the second write never waited for the lock")
+			time.Sleep(5 * time.Millisecond)
+		}
+		goIdle(t, db)
+		// Let the wait outlast the quiet time, so that only counting the
+		// quiet from the statement's start keeps it from mattering.
+		time.Sleep(2 * wakeQuietFor)
+		require.NoError(t, holder.Commit(ctx))
+		require.NoError(t, <-done)
+		require.True(t, dueAfter, "an answer from a snapshot older than the quiet time quiets nothing")
+		require.Equal(t, "marker", next(), "the waiting write's snapshot saw no relay idle")
+		commitWrite(t, w, db)
+		require.Equal(t, "", next(), "a write after the relay went idle wakes it")
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -33,10 +34,10 @@ type WriterConfig struct {
 // It holds no connection and is safe for concurrent use.
 type Writer struct {
 	maxPayload int
+	schema     string
 	// The statements for one event and for several, each without and with
 	// the wake-up check (see wakeGate).
 	insertOne, insertOneWake, insertMany, insertManyWake string
-	gates                                                *wakeGates
 }
 
 // NewWriter returns a Writer for cfg (nil means defaults).
@@ -52,18 +53,18 @@ func NewWriter(cfg *WriterConfig) *Writer {
 	if maxPayload <= 0 {
 		maxPayload = DefaultMaxPayloadBytes
 	}
-	wake := qualify(wakeColumnSQL, schema)
+	wake := qualify(wakeColumnsSQL, schema)
 	wake = strings.ReplaceAll(wake, "{channel}", wakeChannel(schema))
 	build := func(sql, wakeColumn string) string {
 		return strings.ReplaceAll(qualify(sql, schema), "{wake}", wakeColumn)
 	}
 	return &Writer{
 		maxPayload:     maxPayload,
+		schema:         schema,
 		insertOne:      build(insertEventSQL, ""),
 		insertOneWake:  build(insertEventSQL, wake),
 		insertMany:     build(insertEventsSQL, ""),
 		insertManyWake: build(insertEventsSQL, wake),
-		gates:          newWakeGates(),
 	}
 }
 
@@ -82,7 +83,7 @@ func Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 // commit order, and the sorted order keeps two multi-aggregate writers from
 // deadlocking each other. Events of one aggregate in one call get
 // consecutive numbers, in call order. Ids are drawn after the lock, so they
-// rise with the sequence too. {wake} is empty or wakeColumnSQL.
+// rise with the sequence too. {wake} is empty or wakeColumnsSQL.
 const insertEventsSQL = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
@@ -145,10 +146,14 @@ RETURNING id, aggregate_seq{wake}`
 // aborts one). Write all of a transaction's events in one call to avoid it.
 //
 // Write also wakes a relay that is idle, with a notification that is sent
-// only if tx commits. Whether a relay is idle is looked up when Write runs,
-// not at commit: write the events late in a long transaction for the
-// lowest latency. A missed wake-up delays the events by at most the relay's
-// PollInterval; it never loses them.
+// only if tx commits. Whether a relay is idle is looked up by Write's
+// statement, with its snapshot (under REPEATABLE READ or SERIALIZABLE, the
+// transaction's), not at commit; and for a few milliseconds after a write
+// of this process found no relay idle, writes to the same database and
+// schema do not ask. A relay that went idle meanwhile looks for work once
+// more shortly after, so for the lowest latency keep the rest of the
+// transaction short after Write. A missed wake-up delays the events by at
+// most the relay's PollInterval; it never loses them.
 //
 // Invalid input is refused with a *ValidationError before anything is sent
 // to the database. A nil tx returns ErrNoTx; a finished one returns an error
@@ -165,28 +170,33 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 			return nil, err
 		}
 	}
-	gate := w.gates.forTx(tx)
+	gate := wakeRegistry.forTx(tx, w.schema)
 	check := gate.due()
 	var (
 		out  []Written
-		woke bool
+		wake wakeAnswer
 		err  error
 	)
+	sent := time.Now()
 	if len(events) == 1 {
-		out, woke, err = w.writeOne(ctx, tx, &events[0], check)
+		out, wake, err = w.writeOne(ctx, tx, &events[0], check)
 	} else {
-		out, woke, err = w.writeMany(ctx, tx, events, check)
+		out, wake, err = w.writeMany(ctx, tx, events, check)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if check && !woke {
-		gate.quiet()
+	if check && !wake.woke && wake.fresh {
+		gate.quiet(sent)
 	}
 	return out, nil
 }
 
-func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) ([]Written, bool, error) {
+// wakeAnswer is what the wake-up columns said: whether the write notified
+// an idle relay, and whether its snapshot was the statement's own.
+type wakeAnswer struct{ woke, fresh bool }
+
+func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) ([]Written, wakeAnswer, error) {
 	id := uuidV7()
 	key := e.IdempotencyKey
 	if key == "" {
@@ -206,26 +216,26 @@ func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) 
 	if len(e.Headers) > 0 {
 		b, err := json.Marshal(e.Headers)
 		if err != nil {
-			return nil, false, fmt.Errorf("producer: encode headers of event 0: %w", err)
+			return nil, wakeAnswer{}, fmt.Errorf("producer: encode headers of event 0: %w", err)
 		}
 		headers = string(b)
 	}
 	args := []any{id, key, e.AggregateType, e.AggregateID, e.EventType, topic, contentType, payload, headers}
 	wr := Written{EventID: id}
-	var woke bool
+	var wake wakeAnswer
 	var err error
 	if check {
-		err = tx.QueryRow(ctx, w.insertOneWake, args...).Scan(&wr.ID, &wr.Seq, &woke)
+		err = tx.QueryRow(ctx, w.insertOneWake, args...).Scan(&wr.ID, &wr.Seq, &wake.woke, &wake.fresh)
 	} else {
 		err = tx.QueryRow(ctx, w.insertOne, args...).Scan(&wr.ID, &wr.Seq)
 	}
 	if err != nil {
-		return nil, false, writeErr(err)
+		return nil, wakeAnswer{}, writeErr(err)
 	}
-	return []Written{wr}, woke, nil
+	return []Written{wr}, wake, nil
 }
 
-func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check bool) ([]Written, bool, error) {
+func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check bool) ([]Written, wakeAnswer, error) {
 	n := len(events)
 	var (
 		eventIDs     = make([]string, n)
@@ -256,7 +266,7 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 		if len(e.Headers) > 0 {
 			b, err := json.Marshal(e.Headers)
 			if err != nil {
-				return nil, false, fmt.Errorf("producer: encode headers of event %d: %w", i, err)
+				return nil, wakeAnswer{}, fmt.Errorf("producer: encode headers of event %d: %w", i, err)
 			}
 			headers[i] = string(b)
 		}
@@ -268,33 +278,33 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 	}
 	rows, err := tx.Query(ctx, sql, eventIDs, keys, aggTypes, aggIDs, eventTypes, topics, contentTypes, payloads, headers)
 	if err != nil {
-		return nil, false, writeErr(err)
+		return nil, wakeAnswer{}, writeErr(err)
 	}
 	out := make([]Written, n)
 	var (
 		got  int
-		woke bool
+		wake wakeAnswer
 	)
 	for rows.Next() {
 		var wr Written
 		dest := []any{&wr.ID, &wr.EventID, &wr.Seq}
 		if check {
-			dest = append(dest, &woke)
+			dest = append(dest, &wake.woke, &wake.fresh)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			rows.Close()
-			return nil, false, fmt.Errorf("producer: read written events: %w", err)
+			return nil, wakeAnswer{}, fmt.Errorf("producer: read written events: %w", err)
 		}
 		out[index[wr.EventID]] = wr
 		got++
 	}
 	if err := rows.Err(); err != nil {
-		return nil, false, writeErr(err)
+		return nil, wakeAnswer{}, writeErr(err)
 	}
 	if got != n {
-		return nil, false, fmt.Errorf("producer: insert events: %d of %d rows came back", got, n)
+		return nil, wakeAnswer{}, fmt.Errorf("producer: insert events: %d of %d rows came back", got, n)
 	}
-	return out, woke, nil
+	return out, wake, nil
 }
 
 func writeErr(err error) error {

@@ -281,6 +281,41 @@ func TestWriter(t *testing.T) {
 		}
 	})
 
+	// A finished pool transaction's connection is back in the pool and may
+	// be another goroutine's: Write must refuse without touching it (the
+	// race detector would see it).
+	t.Run("FinishedPoolTxLeavesItsConnectionAlone", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, &pgtest.Opts{MaxConns: 1})
+		w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+		finished, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, finished.Commit(ctx))
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tx, err := db.Pool.Begin(ctx) // the same connection
+				if err != nil {
+					return
+				}
+				_, _ = producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}).Write(ctx, tx, event("o-2"))
+				_ = tx.Rollback(ctx)
+			}
+		})
+		for range 200 {
+			_, err := w.Write(ctx, finished, event("o-1"))
+			require.ErrorIs(t, err, pgx.ErrTxClosed)
+		}
+		close(stop)
+		wg.Wait()
+	})
+
 	t.Run("RefusesNilAndFinishedTx", func(t *testing.T) {
 		t.Parallel()
 		w, db := setup(t)
