@@ -212,11 +212,18 @@ func (c *Consumer) together(parts [][]*kgo.Record) ([]*kgo.Record, bool) {
 	if c.cfg.BatchSize < 2 || len(parts) < 2 {
 		return nil, false
 	}
-	var all []*kgo.Record
+	n := 0
+	for _, recs := range parts {
+		n += len(recs)
+	}
+	if n > c.cfg.BatchSize {
+		return nil, false
+	}
+	all := make([]*kgo.Record, 0, n)
 	for _, recs := range parts {
 		all = append(all, recs...)
 	}
-	return all, len(all) <= c.cfg.BatchSize
+	return all, true
 }
 
 // partition processes recs (one partition's, in offset order) and returns

@@ -123,10 +123,13 @@ func (gs *wakeGates) forTx(tx pgx.Tx, schema string) (gate *wakeGate) {
 		}
 	}()
 	conn := tx.Conn()
-	if conn == nil || conn.PgConn() == nil {
+	if conn == nil {
 		return nil
 	}
 	pc := conn.PgConn()
+	if pc == nil {
+		return nil
+	}
 	wp := weak.Make(pc)
 	var db databaseKey
 	if v, ok := gs.conns.Load(wp); ok {

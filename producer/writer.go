@@ -196,34 +196,48 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 // an idle relay, and whether its snapshot was the statement's own.
 type wakeAnswer struct{ woke, fresh bool }
 
-func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) ([]Written, wakeAnswer, error) {
-	id := uuidV7()
-	key := e.IdempotencyKey
-	if key == "" {
-		key = id
+// stored is what Write stores for an event beyond its fields as given: a
+// new event id, the idempotency key (the id unless set), the payload (never
+// nil) and the headers as JSON ("" when there are none).
+type stored struct {
+	id, key, headers string
+	payload          []byte
+}
+
+func (e *Event) stored(i int) (stored, error) {
+	s := stored{id: uuidV7(), key: e.IdempotencyKey, payload: e.Payload}
+	if s.key == "" {
+		s.key = s.id
 	}
-	payload := e.Payload
-	if payload == nil {
-		payload = []byte{}
-	}
-	var topic, contentType, headers any
-	if e.Topic != "" {
-		topic = e.Topic
-	}
-	if e.ContentType != "" {
-		contentType = e.ContentType
+	if s.payload == nil {
+		s.payload = []byte{}
 	}
 	if len(e.Headers) > 0 {
 		b, err := json.Marshal(e.Headers)
 		if err != nil {
-			return nil, wakeAnswer{}, fmt.Errorf("producer: encode headers of event 0: %w", err)
+			return stored{}, fmt.Errorf("producer: encode headers of event %d: %w", i, err)
 		}
-		headers = string(b)
+		s.headers = string(b)
 	}
-	args := []any{id, key, e.AggregateType, e.AggregateID, e.EventType, topic, contentType, payload, headers}
-	wr := Written{EventID: id}
+	return s, nil
+}
+
+// orNull is v, or NULL when v is empty.
+func orNull(v string) any {
+	if v == "" {
+		return nil
+	}
+	return v
+}
+
+func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) ([]Written, wakeAnswer, error) {
+	s, err := e.stored(0)
+	if err != nil {
+		return nil, wakeAnswer{}, err
+	}
+	args := []any{s.id, s.key, e.AggregateType, e.AggregateID, e.EventType, orNull(e.Topic), orNull(e.ContentType), s.payload, orNull(s.headers)}
+	wr := Written{EventID: s.id}
 	var wake wakeAnswer
-	var err error
 	if check {
 		err = tx.QueryRow(ctx, w.insertOneWake, args...).Scan(&wr.ID, &wr.Seq, &wake.woke, &wake.fresh)
 	} else {
@@ -251,26 +265,17 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 	)
 	for i := range events {
 		e := &events[i]
-		id := uuidV7()
-		eventIDs[i], aggTypes[i], aggIDs[i], eventTypes[i] = id, e.AggregateType, e.AggregateID, e.EventType
+		s, err := e.stored(i)
+		if err != nil {
+			return nil, wakeAnswer{}, err
+		}
+		eventIDs[i], keys[i], payloads[i], headers[i] = s.id, s.key, s.payload, s.headers
+		if headers[i] == "" {
+			headers[i] = "{}"
+		}
+		aggTypes[i], aggIDs[i], eventTypes[i] = e.AggregateType, e.AggregateID, e.EventType
 		topics[i], contentTypes[i] = e.Topic, e.ContentType
-		keys[i] = e.IdempotencyKey
-		if keys[i] == "" {
-			keys[i] = id
-		}
-		payloads[i] = e.Payload
-		if payloads[i] == nil {
-			payloads[i] = []byte{}
-		}
-		headers[i] = "{}"
-		if len(e.Headers) > 0 {
-			b, err := json.Marshal(e.Headers)
-			if err != nil {
-				return nil, wakeAnswer{}, fmt.Errorf("producer: encode headers of event %d: %w", i, err)
-			}
-			headers[i] = string(b)
-		}
-		index[id] = i
+		index[s.id] = i
 	}
 	sql := w.insertMany
 	if check {
@@ -284,13 +289,13 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 	var (
 		got  int
 		wake wakeAnswer
+		wr   Written
 	)
+	dest := []any{&wr.ID, &wr.EventID, &wr.Seq}
+	if check {
+		dest = append(dest, &wake.woke, &wake.fresh)
+	}
 	for rows.Next() {
-		var wr Written
-		dest := []any{&wr.ID, &wr.EventID, &wr.Seq}
-		if check {
-			dest = append(dest, &wake.woke, &wake.fresh)
-		}
 		if err := rows.Scan(dest...); err != nil {
 			rows.Close()
 			return nil, wakeAnswer{}, fmt.Errorf("producer: read written events: %w", err)
