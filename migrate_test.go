@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io/fs"
 	"testing"
 
@@ -87,6 +88,81 @@ func TestMigrate(t *testing.T) {
 		require.Equal(t, "p", kind)
 	})
 
+	// retrying_events must list every undelivered event that failed at
+	// least once: the relay's claim finds the events that hold back their
+	// aggregates there and nowhere else.
+	for _, partitioned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("RetryingEventsFollowFailures/partitioned=%t", partitioned), func(t *testing.T) {
+			t.Parallel()
+			pool, schema := setup(t)
+			ctx := context.Background()
+			_, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema, PartitionEventsByDay: partitioned})
+			require.NoError(t, err)
+			events := pgx.Identifier{schema, "events"}.Sanitize()
+			var ids []int64
+			rows, err := pool.Query(ctx, `INSERT INTO `+events+` (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload)
+				SELECT gen_random_uuid(), 'k' || i, 'order', 'o', i, 'e', '\x00' FROM generate_series(1, 4) i RETURNING id`)
+			require.NoError(t, err)
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+			require.NoError(t, err)
+			exec := func(sql string, args ...any) {
+				t.Helper()
+				_, err := pool.Exec(ctx, sql, args...)
+				require.NoError(t, err)
+			}
+			require.Empty(t, retrying(t, pool, schema), "a new event has not failed")
+
+			exec(`UPDATE `+events+` SET attempts = attempts + 1 WHERE id = ANY($1)`, ids[:3])
+			exec(`UPDATE `+events+` SET attempts = attempts + 1 WHERE id = $1`, ids[0])
+			require.Equal(t, ids[:3], retrying(t, pool, schema))
+
+			exec(`UPDATE `+events+` SET published_at = now(), leased_until = NULL WHERE id = $1`, ids[0])
+			exec(`DELETE FROM `+events+` WHERE id = $1`, ids[1])
+			exec(`UPDATE `+events+` SET published_at = now() WHERE id = $1`, ids[3])
+			exec(`UPDATE `+events+` SET attempts = attempts + 1 WHERE id = $1`, ids[3])
+			require.Equal(t, ids[2:3], retrying(t, pool, schema), "delivered and deleted events leave; a delivered one never joins")
+		})
+	}
+
+	t.Run("UpgradeListsEventsThatAlreadyFailed", func(t *testing.T) {
+		t.Parallel()
+		pool, schema := setup(t)
+		ctx := context.Background()
+		list, err := outbox.MigrationList()
+		require.NoError(t, err)
+		quoted := pgx.Identifier{schema}.Sanitize()
+		// The schema as Migrate left it before 0004.
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `CREATE SCHEMA `+quoted+`; CREATE TABLE `+quoted+`.schema_versions (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()); SET LOCAL search_path = `+quoted); err != nil {
+				return err
+			}
+			for _, m := range list {
+				if m.Version >= 4 {
+					break
+				}
+				if _, err := tx.Exec(ctx, m.SQL); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO schema_versions (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, attempts, published_at)
+				VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00', 2, NULL), (gen_random_uuid(), 'b', 'order', 'o', 2, 'e', '\x00', 0, NULL),
+				       (gen_random_uuid(), 'c', 'order', 'p', 1, 'e', '\x00', 1, now())`)
+			return err
+		}))
+		applied, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
+		require.NoError(t, err)
+		require.Equal(t, 4, applied[0])
+		var failed []int64
+		rows, err := pool.Query(ctx, `SELECT id FROM `+quoted+`.events WHERE idempotency_key = 'a'`)
+		require.NoError(t, err)
+		failed, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		require.Equal(t, failed, retrying(t, pool, schema))
+	})
+
 	t.Run("CallerSearchPathUntouched", func(t *testing.T) {
 		t.Parallel()
 		pool, schema := setup(t)
@@ -100,6 +176,16 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, conn.QueryRow(ctx, `SHOW search_path`).Scan(&path))
 		require.Equal(t, `"$user", public`, path)
 	})
+}
+
+// retrying returns the ids listed in schema's retrying_events, in order.
+func retrying(t *testing.T, pool *pgxpool.Pool, schema string) []int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT id FROM `+pgx.Identifier{schema, "retrying_events"}.Sanitize()+` ORDER BY id`)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return ids
 }
 
 func TestMigrations(t *testing.T) {

@@ -34,10 +34,13 @@ func newRelaySQL(schema string) relaySQL {
 // later event on the wire before an earlier one. These exclusions come
 // before the LIMIT, so held rows never crowd healthy aggregates out of a
 // batch. The blocking aggregates are computed once per claim, from small
-// indexes (events_blocking, dead_events_held) that are almost always
-// empty, and materialized: left to the planner as correlated anti-joins,
-// statistics taken before a backlog built up made it scan the whole
-// undelivered index once per candidate, and claims took seconds.
+// tables (retrying_events, kept by triggers, and the held dead_events) that
+// are almost always empty, and materialized: left to the planner as
+// correlated anti-joins, statistics taken before a backlog built up made it
+// scan the whole undelivered index once per candidate, and claims took
+// seconds. Each retrying id is looked up in events on its own (the LATERAL
+// with LIMIT 1 keeps the planner from turning the lookups into a join that
+// scans events) and checked again there, so a stale entry blocks nothing.
 //
 // $4 lists the bucket hashes of the aggregates in the batch still in
 // flight, which the claim leaves out (a hashed subplan, whatever its size).
@@ -52,11 +55,18 @@ func newRelaySQL(schema string) relaySQL {
 // outcome could not be recorded (the relay then fences all its buckets
 // until their leases end).
 const claimSQL = `
-WITH blocked AS MATERIALIZED (
+WITH retrying AS MATERIALIZED (
+    SELECT e.id, e.aggregate_type, e.aggregate_id, e.next_attempt_at, e.leased_until
+    FROM {schema}.retrying_events r
+    CROSS JOIN LATERAL (
+        SELECT id, aggregate_type, aggregate_id, next_attempt_at, leased_until
+        FROM {schema}.events
+        WHERE id = r.id AND published_at IS NULL AND attempts > 0
+        LIMIT 1) e
+), blocked AS MATERIALIZED (
     SELECT aggregate_type, aggregate_id, min(id) AS first_id
-    FROM {schema}.events
-    WHERE published_at IS NULL AND attempts > 0
-      AND (next_attempt_at > now() OR leased_until >= now())
+    FROM retrying
+    WHERE next_attempt_at > now() OR leased_until >= now()
     GROUP BY aggregate_type, aggregate_id
 ), held AS MATERIALIZED (
     SELECT DISTINCT aggregate_type, aggregate_id
@@ -82,9 +92,8 @@ WITH blocked AS MATERIALIZED (
     FOR UPDATE OF e SKIP LOCKED
 ), passed_over AS MATERIALIZED (
     SELECT aggregate_type, aggregate_id, min(id) AS first_id
-    FROM {schema}.events
-    WHERE published_at IS NULL AND attempts > 0
-      AND id NOT IN (SELECT id FROM candidates)
+    FROM retrying
+    WHERE id NOT IN (SELECT id FROM candidates)
     GROUP BY aggregate_type, aggregate_id
 ), ready AS (
     SELECT c.id FROM candidates c

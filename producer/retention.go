@@ -3,6 +3,8 @@ package producer
 import (
 	"context"
 	"fmt"
+	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,6 +42,37 @@ type PruneResult struct {
 	// PartitionsCreated and PartitionsDropped count day partitions.
 	PartitionsCreated, PartitionsDropped int
 }
+
+// pruneChunkSQL deletes the delivered rows, published before the cutoff
+// ($3), among the next chunk of rows in id order after $1, and returns the
+// chunk's last id, its size, whether it reached a row created inside the
+// window, and how many rows it deleted.
+//
+// Retention walks the primary key rather than an index on published_at,
+// which every write would pay for (see migration 0004). Rows are created
+// in roughly id order and published after they are created, so the walk
+// can stop at the first chunk that reaches the window: the rows after it
+// were created too recently to be deletable. A row created before the
+// cutoff but given a higher id (by a long writer transaction) is left to a
+// later run, once the walk gets that far. Each chunk reads its rows by key
+// range, and the DELETE finds its rows by key too, whatever the statistics
+// say about the table; a concurrent prune of the same rows makes it wait
+// for that one's statement and then skip them.
+const pruneChunkSQL = `
+WITH chunk AS MATERIALIZED (
+    SELECT id, created_at, published_at
+    FROM {schema}.{table}
+    WHERE id > $1
+    ORDER BY id
+    LIMIT $2
+), gone AS (
+    DELETE FROM {schema}.{table}
+    WHERE id = ANY (ARRAY(SELECT id FROM chunk WHERE published_at < $3))
+      AND published_at < $3
+    RETURNING 1
+)
+SELECT coalesce(max(id), 0), count(*), coalesce(bool_or(created_at >= $3), false), (SELECT count(*) FROM gone)
+FROM chunk`
 
 // Prune removes delivered events older than the retention window. An
 // undelivered event is never removed, whatever its age.
@@ -83,23 +116,20 @@ func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
 		// Rows that landed in the default partition are deleted row by row.
 		table = "events_default"
 	}
-	// SKIP LOCKED lets two relays prune at once without waiting on each
-	// other; the published_at index finds the oldest delivered rows.
-	stmt := qualify(`
-DELETE FROM {schema}.`+table+` WHERE id IN (
-    SELECT id FROM {schema}.`+table+`
-    WHERE published_at IS NOT NULL AND published_at < $1
-    ORDER BY published_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)`, c.Schema)
+	stmt := qualify(strings.ReplaceAll(pruneChunkSQL, "{table}", table), c.Schema)
+	from := int64(math.MinInt64)
 	for {
-		tag, err := db.Exec(ctx, stmt, cutoff, c.BatchSize)
-		if err != nil {
+		var (
+			last, scanned, deleted int64
+			reachedWindow          bool
+		)
+		if err := db.QueryRow(ctx, stmt, from, c.BatchSize, cutoff).Scan(&last, &scanned, &reachedWindow, &deleted); err != nil {
 			return res, fmt.Errorf("producer: prune: delete delivered events: %w", err)
 		}
-		res.Deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(c.BatchSize) {
+		res.Deleted += deleted
+		if scanned < int64(c.BatchSize) || reachedWindow {
 			return res, nil
 		}
+		from = last
 	}
 }

@@ -47,8 +47,12 @@ func TestPrune(t *testing.T) {
 		t.Parallel()
 		db := pgtest.New(t, nil)
 		ids := write(t, db, 25)
-		// 0-19 delivered 10 days ago, 20-21 delivered just now, 22-24 never.
-		_, err := db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET published_at = now() - interval '10 days' WHERE id <= $1`, ids[19])
+		// 0-19 created and delivered 10 days ago, but for 3 (never
+		// delivered) and 9 (delivered an hour ago, after its retries); 20-21
+		// created and delivered just now; 22-24 never delivered.
+		_, err := db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET created_at = now() - interval '10 days',
+			published_at = CASE WHEN id = $2 THEN NULL WHEN id = $3 THEN now() - interval '1 hour' ELSE now() - interval '10 days' END
+			WHERE id <= $1`, ids[19], ids[3], ids[9])
 		require.NoError(t, err)
 		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET published_at = now() WHERE id IN ($1, $2)`, ids[20], ids[21])
 		require.NoError(t, err)
@@ -57,8 +61,8 @@ func TestPrune(t *testing.T) {
 
 		res, err := producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, BatchSize: 7})
 		require.NoError(t, err)
-		require.Equal(t, int64(20), res.Deleted, "three batches of seven, the last one short")
-		require.Equal(t, ids[20:], remaining(t, db))
+		require.Equal(t, int64(18), res.Deleted, "three chunks of seven, the rows kept inside them passed over")
+		require.Equal(t, append([]int64{ids[3], ids[9]}, ids[20:]...), remaining(t, db))
 	})
 
 	t.Run("DropsOnlyOldPartitionsWithoutUndeliveredRows", func(t *testing.T) {
