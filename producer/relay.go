@@ -230,6 +230,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	var (
 		idle          bool
+		lastWork      time.Time
 		settling      int
 		nextRebalance time.Time
 		failures      int
@@ -270,6 +271,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case len(batch) > 0:
 			failures = 0
+			lastWork = time.Now()
 			inFlight = r.launch(ctx, batch)
 			if idle {
 				// Found work: writers may stop notifying, since the relay
@@ -286,6 +288,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		failures = 0
+		if !idle && time.Since(lastWork) < busyLinger {
+			// Busy a moment ago: more is likely on its way.
+			r.sleep(ctx, wake, busyPoll)
+			continue
+		}
 		if !idle {
 			// Going idle: say so, so that writers start to notify, and then
 			// look once more right away and once after idleSettle, for rows
@@ -320,6 +327,20 @@ func (r *Relay) Run(ctx context.Context) error {
 // committed after the relay's immediate second look. A write missed even so
 // (its transaction ran on for longer after Write) waits one PollInterval.
 const idleSettle = 2 * wakeQuietFor
+
+// busyLinger is how long after its last batch a relay keeps looking for
+// work every busyPoll before it calls itself idle. Going idle asks writers
+// to notify, and a relay that went idle after every few events would
+// update its flag twice per flip, each a commit of its own, with every
+// writer's commit sending a NOTIFY in between; with one writer connection
+// and the relay on the same two cores, that cost the writer about half its
+// commits/s (BenchmarkWrite, write+running-relay). Lingering costs an empty
+// claim every busyPoll for busyLinger after traffic stops, and up to
+// busyPoll of latency for the events that arrive meanwhile.
+const (
+	busyLinger = 100 * time.Millisecond
+	busyPoll   = 5 * time.Millisecond
+)
 
 // prune runs Prune every RetentionInterval until ctx ends, apart from the
 // publishing loop so that a long prune never delays delivery.
