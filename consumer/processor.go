@@ -48,6 +48,7 @@ type Beginner interface {
 type Processor struct {
 	db       Beginner
 	h        Handler
+	bh       BatchHandler // h when it is one, else nil
 	cfg      Config
 	name     string
 	dedupe   *dedupe.Store
@@ -65,7 +66,8 @@ type Processor struct {
 // you already have: call Process (or ProcessBatch) for each record, and
 // mark its offset for commit only when it returns no error. name scopes the
 // processed keys, positions and dead letters: give each consuming service
-// its own.
+// its own. When h is also a BatchHandler, ProcessBatch applies a batch
+// through one HandleBatch call on its happy path.
 func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error) {
 	if db == nil || h == nil {
 		return nil, errors.New("consumer: Handle needs a database and a handler")
@@ -83,8 +85,9 @@ func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error
 		return nil, err
 	}
 	schema := pgx.Identifier{c.Schema}.Sanitize()
+	bh, _ := h.(BatchHandler)
 	return &Processor{
-		db: db, h: h, cfg: c, name: name, dedupe: d, ordering: o,
+		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o,
 		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim of the key and the move of the position in one
