@@ -10,37 +10,39 @@ import (
 )
 
 // BatchHandler is a Handler that can also apply several messages in one
-// call, for batch mode (Config.BatchSize above 1, or ProcessBatch): a
-// handler that writes each message's effect with a statement of its own
-// spends a round trip per message, and one multi-row statement for the
-// whole batch removes them. Give Handle or New a handler that implements
-// it and batch mode calls HandleBatch instead of Handle on its happy path.
+// call, for batch mode (ProcessBatch, or Config.BatchSize above 1 for the
+// Consumer): a handler that writes each message's effect with a statement
+// of its own spends a round trip per message, and one multi-row statement
+// for the whole batch saves them. Give Handle or New a handler that
+// implements it, and batch mode's happy path calls HandleBatch once instead
+// of Handle for each message.
 //
-// ms holds exactly the messages the happy path applies: the batch's
-// records without those whose key was claimed before (duplicates), in the
-// order they are to be applied. Each partition's messages are in offset
-// order and each aggregate's in sequence order, without a hole; on the
+// ms holds exactly the messages the happy path applies, in the order they
+// are applied: the batch's records less the duplicates (keys claimed
+// before, or earlier in the batch). Each partition's messages are in offset
+// order and each aggregate's in sequence order without a hole; on the
 // Consumer's path that puts a small poll in one transaction (see
 // Config.BatchSize), ms holds messages of several partitions. ms is never
-// empty. Their keys are claimed and their aggregates' positions moved in tx
-// before HandleBatch runs.
+// empty. The messages' keys are claimed and their aggregates' positions
+// moved in tx before HandleBatch runs.
 //
 // HandleBatch must have exactly the effect of calling Handle for each
-// message of ms in that order, all in tx: the records are applied by
-// HandleBatch in a batch and by Handle everywhere else (Process, a batch
-// that left the happy path, parked records drained, Replay), and which one
-// applies a record must not matter.
+// message of ms in that order, all in tx: a record is applied by HandleBatch
+// in a batch and by Handle everywhere else (Process, a batch that left the
+// happy path, parked records drained, Replay), and which one applied it
+// must not matter.
 //
 // An error or a panic from HandleBatch rolls the whole transaction back, and
-// the batch's records are then run one by one, each in its own
-// transaction, through Handle, which retries, parks and dead-letters each
-// record alone: a failing record is dead-lettered alone, after
-// Config.MaxAttempts runs of Handle, and the others are applied once.
-// HandleBatch's failure is not counted as any record's attempt (it cannot
-// be attributed to one), and Permanent means nothing from it. A HandleBatch
-// that always fails costs throughput, never correctness. Work outside the
-// database (an email, an HTTP call) is not undone by the rollback and may
-// happen more than once: in HandleBatch and then again in Handle.
+// the batch's records are then run one by one, each in a transaction of its
+// own, through Handle, which retries, parks and dead-letters each record
+// alone: a failing record is dead-lettered alone, after its retries, and
+// the others are applied once. HandleBatch's failure is counted as no
+// record's attempt (it cannot be attributed to one), and Permanent means
+// nothing from it; a HandleBatch that keeps failing costs throughput, never
+// correctness. When ctx ends or tx's connection is lost instead, the batch
+// is handed back undone, as ProcessBatch says. Work outside the database
+// (an email, an HTTP call) is not undone by the rollback and may happen
+// more than once: in HandleBatch, then again in Handle.
 type BatchHandler interface {
 	Handler
 	HandleBatch(ctx context.Context, tx pgx.Tx, ms []*Message) error

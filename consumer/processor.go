@@ -23,7 +23,8 @@ import (
 // Returning an error rolls tx back; the message is retried, or
 // dead-lettered at once when the error is Permanent. Work outside the
 // database (an email, an HTTP call) is not undone by a rollback and may
-// happen more than once.
+// happen more than once. A Handler that also implements BatchHandler
+// applies batch mode's batches in one call.
 type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, m *Message) error
 }
