@@ -14,7 +14,8 @@ import (
 // order) with the same results as calling Process for each, but, on the
 // happy path, in a single transaction: BEGIN and one multi-row claim of
 // their keys in one round trip, one statement that moves all their
-// aggregates' positions, the handler for each, one commit.
+// aggregates' positions, the handler for each (or, when the handler is a
+// BatchHandler, one HandleBatch for all), one commit.
 //
 // The happy path takes no savepoint per record (savepoints cost more than
 // the records they protect). Instead, when anything is off the happy path
@@ -22,7 +23,9 @@ import (
 // to drain, a malformed record, a failed commit), the whole transaction is
 // rolled back and the batch is run again record by record through Process,
 // which retries, parks and dead-letters each record alone. Duplicate keys
-// stay on the happy path: they are simply skipped.
+// stay on the happy path: they are simply skipped. A record whose Handle
+// failed in the batch counts that as its first attempt; a HandleBatch
+// failure counts as no record's.
 //
 // Results are per record, in order. A non-nil error has the same meaning
 // as Process's for the first record without a result: that record and the
@@ -50,8 +53,9 @@ func (p *Processor) report(ctx context.Context, recs []*kgo.Record, res []Result
 
 // tryBatch is ProcessBatch's happy path alone, for records of several
 // partitions (each partition's in offset order): all of recs applied in one
-// transaction (ok), or nothing done. failed and ferr then name the message
-// whose handler failed, if one did, for processBatchAfter.
+// transaction (ok), or nothing done. ferr then says why, if a handler
+// failed, for processBatchAfter: failed is the message whose Handle failed,
+// or nil when HandleBatch did.
 func (p *Processor) tryBatch(ctx context.Context, recs []*kgo.Record) (ok bool, failed *Message, ferr error) {
 	res, ok, failed, ferr, err := p.batchOnce(ctx, recs)
 	if err != nil || !ok {
@@ -61,10 +65,11 @@ func (p *Processor) tryBatch(ctx context.Context, recs []*kgo.Record) (ok bool, 
 	return true, nil, nil
 }
 
-// processBatchAfter is ProcessBatch for recs after a tryBatch that failed
-// in the handler of failed, one of recs, with ferr: the records are
-// processed one by one, and failed's handler run counts as its first
-// attempt.
+// processBatchAfter is ProcessBatch for recs after a tryBatch whose
+// handler failed with ferr: the records are processed one by one. failed,
+// when it is one of recs, is the message whose Handle failed, and that run
+// counts as its first attempt; a HandleBatch failure (failed nil) counts as
+// no record's.
 func (p *Processor) processBatchAfter(ctx context.Context, recs []*kgo.Record, failed *Message, ferr error) ([]Result, error) {
 	res, err := p.fallback(ctx, recs, failed, ferr)
 	p.report(ctx, recs, res, err)
@@ -83,15 +88,13 @@ func (p *Processor) processBatch(ctx context.Context, recs []*kgo.Record) ([]Res
 		if ok {
 			return res, nil
 		}
-		if failed != nil {
-			return p.fallback(ctx, recs, failed, ferr)
-		}
+		return p.fallback(ctx, recs, failed, ferr)
 	}
 	return p.fallback(ctx, recs, nil, nil)
 }
 
 // fallback processes recs one by one. failed, when not nil, is the message
-// whose handler failed with ferr in the rolled-back batch: it counts as its
+// whose Handle failed with ferr in the rolled-back batch: it counts as its
 // first attempt.
 func (p *Processor) fallback(ctx context.Context, recs []*kgo.Record, failed *Message, ferr error) ([]Result, error) {
 	out := make([]Result, 0, len(recs))
@@ -115,8 +118,9 @@ func (p *Processor) fallback(ctx context.Context, recs []*kgo.Record, failed *Me
 }
 
 // batchOnce tries the happy path. ok false (with a nil error) means the
-// transaction was rolled back and the caller must fall back; failed and
-// ferr then name the message whose handler failed, if one did.
+// transaction was rolled back and the caller must fall back; ferr then
+// says why, if a handler failed: failed is the message whose Handle failed,
+// or nil when HandleBatch did (no record to blame).
 func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Result, ok bool, failed *Message, ferr error, _ error) {
 	msgs := make([]*Message, len(recs))
 	keys := make([]string, len(recs))
@@ -203,21 +207,16 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 	}
 	// Every position moved as one record at a time would have moved them,
 	// so the handlers run in the same order with the same verdicts.
-	for i, m := range msgs {
-		if res[i].Outcome != Applied {
-			continue
+	if m, err := p.handleAll(ctx, tx, msgs, res); err != nil {
+		if ctx.Err() != nil {
+			return nil, false, nil, nil, ctx.Err()
 		}
-		if err := p.call(ctx, tx, m); err != nil {
-			if ctx.Err() != nil {
-				return nil, false, nil, nil, ctx.Err()
-			}
-			if tx.Conn().IsClosed() {
-				// The database went away under the handler: that says
-				// nothing about the record and must not count as its try.
-				return nil, false, nil, nil, infra(fmt.Errorf("consumer: handler lost its connection: %w", err))
-			}
-			return nil, false, m, err, nil
+		if tx.Conn().IsClosed() {
+			// The database went away under the handler: that says
+			// nothing about the records and must not count as a try.
+			return nil, false, nil, nil, infra(fmt.Errorf("consumer: handler lost its connection: %w", err))
 		}
+		return nil, false, m, err, nil
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if ctx.Err() != nil {

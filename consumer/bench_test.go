@@ -15,8 +15,8 @@ import (
 )
 
 // BenchmarkThroughput applies the same handler (one INSERT) to the same
-// kind of records in four ways, in one run, and reports records/s for each
-// and the ratios the SDK promises:
+// kind of records in several ways, in one run, and reports records/s for
+// each and the ratios the SDK promises:
 //
 //   - bare: the handler in a bare transaction per record, no dedupe, no
 //     ordering (the baseline);
@@ -31,7 +31,11 @@ import (
 //   - bare batch: the handler for 100 records in one bare transaction (the
 //     ceiling for batch mode: the handler's own statement per record);
 //   - batch: consumer.ProcessBatch with 100 records per transaction (target:
-//     at least 3x single).
+//     at least 3x single);
+//   - bare multi-row batch: the 100 records' effects with one multi-row
+//     INSERT in one bare transaction (the ceiling for a BatchHandler);
+//   - batch handler: consumer.ProcessBatch with 100 records per transaction
+//     and a BatchHandler that does the same multi-row INSERT.
 //
 // Records are built in memory, so the figures are the database path alone.
 func BenchmarkThroughput(b *testing.B) {
@@ -42,6 +46,7 @@ func BenchmarkThroughput(b *testing.B) {
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+effects+` (key text NOT NULL, aggregate text NOT NULL, seq bigint NOT NULL)`)
 	require.NoError(b, err)
 	insert := `INSERT INTO ` + effects + ` (key, aggregate, seq) VALUES ($1, $2, $3)`
+	insertMany := `INSERT INTO ` + effects + ` (key, aggregate, seq) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`
 	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		_, err := tx.Exec(ctx, insert, m.IdempotencyKey, m.AggregateID, m.Seq)
 		return err
@@ -50,6 +55,8 @@ func BenchmarkThroughput(b *testing.B) {
 	single, err := consumer.Handle(db.Pool, "bench-single", h, cfg)
 	require.NoError(b, err)
 	batch, err := consumer.Handle(db.Pool, "bench-batch", h, cfg)
+	require.NoError(b, err)
+	batchHandler, err := consumer.Handle(db.Pool, "bench-bh", multiRow{Handler: h, insertMany: insertMany}, cfg)
 	require.NoError(b, err)
 	claim := `INSERT INTO ` + db.Table("processed_keys") + ` (consumer, key) VALUES ('bench-sp', $1) ON CONFLICT DO NOTHING`
 	move := `INSERT INTO ` + db.Table("positions") + ` AS p (consumer, aggregate_type, aggregate_id, last_seq) VALUES ('bench-sp', 'order', $1, $2)
@@ -67,7 +74,7 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 		}
 		return rs
 	}
-	var elapsed [7]time.Duration
+	var elapsed [9]time.Duration
 	nopipe, err := consumer.Handle(beginOnly{db.Pool}, "bench-nopipe", h, cfg)
 	require.NoError(b, err)
 	noseq, err := consumer.Handle(db.Pool, "bench-noseq", h, cfg)
@@ -141,6 +148,25 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 				require.Equal(b, consumer.Applied, res[99].Outcome)
 			}
 		},
+		func(rs []*kgo.Record) { // bare multi-row batch
+			for i := 0; i < len(rs); i += 100 {
+				keys, aggs, seqs := make([]string, 100), make([]string, 100), make([]int64, 100)
+				for j, r := range rs[i : i+100] {
+					keys[j], aggs[j], seqs[j] = string(r.Key), string(r.Key), r.Offset
+				}
+				require.NoError(b, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, insertMany, keys, aggs, seqs)
+					return err
+				}))
+			}
+		},
+		func(rs []*kgo.Record) { // batch handler
+			for i := 0; i < len(rs); i += 100 {
+				res, err := batchHandler.ProcessBatch(ctx, rs[i:i+100])
+				require.NoError(b, err)
+				require.Equal(b, consumer.Applied, res[99].Outcome)
+			}
+		},
 	}
 	b.ResetTimer()
 	for b.Loop() {
@@ -173,9 +199,30 @@ ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET last_seq = EX
 	b.ReportMetric(rate(elapsed[3])/rate(elapsed[0]), "noseq/bare")
 	b.ReportMetric(rate(elapsed[1])/rate(elapsed[0]), "single/bare")
 	b.ReportMetric(rate(elapsed[6])/rate(elapsed[1]), "batch/single")
+	b.ReportMetric(rate(elapsed[7]), "bare_multirow100_rec/s")
+	b.ReportMetric(rate(elapsed[8]), "batch_handler100_rec/s")
+	b.ReportMetric(rate(elapsed[8])/rate(elapsed[7]), "batch_handler/bare_multirow")
+	b.ReportMetric(rate(elapsed[8])/rate(elapsed[1]), "batch_handler/single")
+	b.ReportMetric(rate(elapsed[8])/rate(elapsed[6]), "batch_handler/batch")
 	b.ReportMetric(0, "ns/op")
 }
 
 // beginOnly hides the pool's Acquire, as a Beginner that is not a pool
 // would.
 type beginOnly struct{ consumer.Beginner }
+
+// multiRow is the benchmark's handler as a BatchHandler: a batch's effects
+// in one INSERT of arrays.
+type multiRow struct {
+	consumer.Handler
+	insertMany string
+}
+
+func (h multiRow) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+	keys, aggs, seqs := make([]string, len(ms)), make([]string, len(ms)), make([]int64, len(ms))
+	for i, m := range ms {
+		keys[i], aggs[i], seqs[i] = m.IdempotencyKey, m.AggregateID, m.Seq
+	}
+	_, err := tx.Exec(ctx, h.insertMany, keys, aggs, seqs)
+	return err
+}

@@ -24,7 +24,7 @@ func TestConcurrentDeliveries(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t, &pgtest.Opts{MaxConns: 20})
 			e := newEffects(t, db)
-			p, err := consumer.Handle(db.Pool, "svc", e, fastConfig(db, mode.batch))
+			p, err := consumer.Handle(db.Pool, "svc", mode.handler(e), fastConfig(db, mode.batch))
 			require.NoError(t, err)
 			const aggs, perAgg = 3, 15
 			var recs []*kgo.Record

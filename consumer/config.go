@@ -48,7 +48,8 @@ type Config struct {
 	// BatchSize is how many consecutive records of a partition the Consumer
 	// applies in one transaction. Above 1, a poll with records of several
 	// partitions and no more than BatchSize in all also goes in one
-	// transaction. Default 1. See ProcessBatch.
+	// transaction. Default 1. See ProcessBatch, and BatchHandler for a
+	// handler that applies a batch in one call.
 	BatchSize int
 	// MaxPollRecords bounds the records one poll hands to the Consumer.
 	// Default 1000.

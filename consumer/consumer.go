@@ -177,10 +177,16 @@ func (c *Consumer) round(ctx, work context.Context, fetches kgo.Fetches) {
 	if !applied {
 		var wg sync.WaitGroup
 		for i, recs := range parts {
+			// After a failed Handle only its partition's records go one
+			// by one; after a failed HandleBatch, which blames no record,
+			// every partition's do.
 			var f *Message
 			var fe error
-			if failed != nil && slices.Contains(recs, failed.Record) {
+			switch {
+			case failed != nil && slices.Contains(recs, failed.Record):
 				f, fe = failed, ferr
+			case failed == nil:
+				fe = ferr
 			}
 			wg.Go(func() { done[i] = c.partition(ctx, work, recs, f, fe) })
 		}
@@ -228,10 +234,12 @@ func (c *Consumer) together(parts [][]*kgo.Record) ([]*kgo.Record, bool) {
 
 // partition processes recs (one partition's, in offset order) and returns
 // the last record done. It stops early only when ctx ends: it takes no new
-// record then, and a record in flight may finish within work. failed, when
-// not nil, is a record of recs whose handler already failed with ferr in a
-// transaction that was rolled back (see Consumer.together); recs then fit
-// in one chunk.
+// record then, and a record in flight may finish within work. ferr, when
+// not nil, says that recs were in a transaction that was rolled back
+// because a handler failed (see Consumer.together), and recs, which then
+// fit in one chunk, are processed one by one: failed, when not nil, is the
+// record of recs whose Handle failed with ferr, which counts as its first
+// attempt; nil, HandleBatch failed.
 func (c *Consumer) partition(ctx, work context.Context, recs []*kgo.Record, failed *Message, ferr error) *kgo.Record {
 	var last *kgo.Record
 	for len(recs) > 0 && ctx.Err() == nil {
@@ -242,9 +250,9 @@ func (c *Consumer) partition(ctx, work context.Context, recs []*kgo.Record, fail
 				err error
 			)
 			switch {
-			case failed != nil:
+			case ferr != nil:
 				res, err = c.proc.processBatchAfter(work, chunk, failed, ferr)
-				failed = nil
+				failed, ferr = nil, nil
 			case len(chunk) == 1:
 				var r Result
 				if r, err = c.proc.Process(work, chunk[0]); err == nil {

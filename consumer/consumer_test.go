@@ -159,7 +159,7 @@ func TestConsumer(t *testing.T) {
 				recs := stream(6, 60)
 				b.produce(t, recs...)
 				b.produce(t, stream(6, 60)...)
-				r := b.start(t, b.effects, fastConfig(b.db, mode.batch))
+				r := b.start(t, mode.handler(b.effects), fastConfig(b.db, mode.batch))
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 120 }, "all offsets committed")
 				rows, distinct := b.effects.count(t)
 				require.Equal(t, 60, rows)
@@ -168,7 +168,7 @@ func TestConsumer(t *testing.T) {
 
 				// Offsets reset: a new group reads everything again.
 				b.group += "-reset"
-				r = b.start(t, b.effects, fastConfig(b.db, mode.batch))
+				r = b.start(t, mode.handler(b.effects), fastConfig(b.db, mode.batch))
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 120 })
 				r.stop(t)
 
@@ -177,7 +177,7 @@ func TestConsumer(t *testing.T) {
 				b.group += "-crash"
 				b.produce(t, stream(6, 66)[60:]...)
 				cl := b.client(t, b.group)
-				p, err := consumer.Handle(b.db.Pool, "svc", b.effects, fastConfig(b.db, mode.batch))
+				p, err := consumer.Handle(b.db.Pool, "svc", mode.handler(b.effects), fastConfig(b.db, mode.batch))
 				require.NoError(t, err)
 				seen := 0
 				pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -193,7 +193,7 @@ func TestConsumer(t *testing.T) {
 				}
 				require.Equal(t, 126, seen)
 				cl.Close() // the "crash": nothing committed
-				r = b.start(t, b.effects, fastConfig(b.db, mode.batch))
+				r = b.start(t, mode.handler(b.effects), fastConfig(b.db, mode.batch))
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 126 })
 				rows, distinct = b.effects.count(t)
 				require.Equal(t, 66, rows)
@@ -208,9 +208,13 @@ func TestConsumer(t *testing.T) {
 			t.Run("RebalancesKeepEffectsSingleAndOrdered", func(t *testing.T) {
 				t.Parallel()
 				b := newGroupBundle(t, 4)
-				g := &guard{inFlight: map[string]bool{}, next: b.effects}
+				g := &guard{inFlight: map[string]bool{}, next: mode.handler(b.effects)}
+				var h consumer.Handler = g
+				if mode.batchHandler {
+					h = batchGuard{g}
+				}
 				cfg := fastConfig(b.db, mode.batch)
-				m1 := b.start(t, g, cfg)
+				m1 := b.start(t, h, cfg)
 				const total = 400
 				all := stream(20, total)
 				// Records keep coming while members join and leave.
@@ -226,9 +230,9 @@ func TestConsumer(t *testing.T) {
 					return func() bool { rows, _ := b.effects.count(t); return rows >= n }
 				}
 				eventually.True(t, 30*time.Second, applied(50))
-				m2 := b.start(t, g, cfg) // joins
+				m2 := b.start(t, h, cfg) // joins
 				eventually.True(t, 30*time.Second, applied(150))
-				m3 := b.start(t, g, cfg) // joins
+				m3 := b.start(t, h, cfg) // joins
 				eventually.True(t, 30*time.Second, applied(250))
 				m1.stop(t) // leaves mid-stream
 				eventually.True(t, 60*time.Second, applied(total))
@@ -267,13 +271,13 @@ func TestConsumer(t *testing.T) {
 				b.produce(t, recs...)
 				// The handler accepts JSON only: unknown content is its
 				// permanent error.
-				h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				b.effects.reject = func(m *consumer.Message) error {
 					if m.ContentType != "" && m.ContentType != "application/json" {
 						return consumer.Permanent(fmt.Errorf("unknown content type %q", m.ContentType))
 					}
-					return b.effects.Handle(ctx, tx, m)
-				})
-				b.start(t, h, cfg)
+					return nil
+				}
+				b.start(t, mode.handler(b.effects), cfg)
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == int64(len(recs)) })
 				rows, _ := b.effects.count(t)
 				require.Equal(t, 60, rows)
@@ -416,19 +420,39 @@ type guard struct {
 }
 
 func (g *guard) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-	id := fmt.Sprintf("%d@%d", m.Partition, m.Offset)
-	g.mu.Lock()
-	if g.inFlight[id] {
-		g.errs = append(g.errs, fmt.Errorf("record %s processed twice at once", id))
-	}
-	g.inFlight[id] = true
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		delete(g.inFlight, id)
-		g.mu.Unlock()
-	}()
+	defer g.leave(g.enter(m))
 	return g.next.Handle(ctx, tx, m)
+}
+
+// enter marks ms in flight and returns their ids for leave.
+func (g *guard) enter(ms ...*consumer.Message) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ids := make([]string, len(ms))
+	for i, m := range ms {
+		ids[i] = fmt.Sprintf("%d@%d", m.Partition, m.Offset)
+		if g.inFlight[ids[i]] {
+			g.errs = append(g.errs, fmt.Errorf("record %s processed twice at once", ids[i]))
+		}
+		g.inFlight[ids[i]] = true
+	}
+	return ids
+}
+
+func (g *guard) leave(ids []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, id := range ids {
+		delete(g.inFlight, id)
+	}
+}
+
+// batchGuard is guard for a next that is a BatchHandler.
+type batchGuard struct{ *guard }
+
+func (g batchGuard) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+	defer g.leave(g.enter(ms...))
+	return g.next.(consumer.BatchHandler).HandleBatch(ctx, tx, ms)
 }
 
 func (g *guard) violations() []error {

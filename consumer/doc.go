@@ -39,6 +39,16 @@
 //   - New returns a Consumer that owns the poll loop of a franz-go consumer
 //     group (create the client with ClientOpts).
 //
+// Batch mode (ProcessBatch, or Config.BatchSize above 1 for the Consumer)
+// applies consecutive records in one transaction with the same results as
+// one at a time: anything off the happy path (a handler error, a gap)
+// rolls the batch back and runs its records one by one. A handler that also
+// implements BatchHandler gets a batch's messages in one HandleBatch call,
+// so that it can write their effects with one multi-row statement instead
+// of a round trip each; when HandleBatch fails, no record is blamed and the
+// records are applied one by one through Handle, which dead-letters a
+// failing record alone.
+//
 // Offsets are committed after the database commit, so a crash in between
 // redelivers records that are already applied; dedupe skips them. The
 // database is the source of truth, Kafka offsets only an optimisation.

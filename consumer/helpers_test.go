@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -26,11 +27,26 @@ var nextOffset atomic.Int64
 
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// modes runs a scenario with one record per transaction and in batches.
-var modes = []struct {
+// mode is one way of running a scenario.
+type mode struct {
 	name  string
 	batch int
-}{{"Single", 1}, {"Batch", 50}}
+	// batchHandler gives the processor the effects as a BatchHandler, so
+	// that a batch's happy path calls HandleBatch instead of Handle.
+	batchHandler bool
+}
+
+// modes runs a scenario with one record per transaction, in batches through
+// Handle, and in batches through HandleBatch.
+var modes = []mode{{"Single", 1, false}, {"Batch", 50, false}, {"BatchHandler", 50, true}}
+
+// handler returns e as the handler of md.
+func (md mode) handler(e *effects) consumer.Handler {
+	if md.batchHandler {
+		return batchEffects{e}
+	}
+	return e
+}
 
 // rec builds a record of the wire contract: aggregate "order"/agg at seq
 // (no sequence header when seq is 0), keyed by key.
@@ -54,12 +70,19 @@ type effects struct {
 	db    *pgtest.DB
 	table string
 
+	// reject, when set before the handler runs, is one more reason to
+	// fail: the error it returns for a message.
+	reject func(*consumer.Message) error
+
 	mu sync.Mutex
 	// fail makes the handler fail for these aggregates.
 	fail map[string]error
 	// panicOn makes the handler panic for these aggregates.
 	panicOn map[string]bool
+	// calls counts Handle's runs per key; batches holds HandleBatch's
+	// messages, one slice per call.
 	calls   map[string]int
+	batches [][]*consumer.Message
 }
 
 func newEffects(t *testing.T, db *pgtest.DB) *effects {
@@ -74,6 +97,18 @@ func newEffects(t *testing.T, db *pgtest.DB) *effects {
 func (e *effects) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 	e.mu.Lock()
 	e.calls[m.IdempotencyKey]++
+	e.mu.Unlock()
+	if err := e.failure(m); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+e.table+` (key, aggregate, seq) VALUES ($1, $2, $3)`, m.IdempotencyKey, m.AggregateID, m.Seq)
+	return err
+}
+
+// failure returns the error the handler is to fail with for m, or panics
+// when it is to panic.
+func (e *effects) failure(m *consumer.Message) error {
+	e.mu.Lock()
 	err, pn := e.fail[m.AggregateID], e.panicOn[m.AggregateID]
 	if kerr := e.fail["key:"+m.IdempotencyKey]; kerr != nil {
 		err = kerr
@@ -82,11 +117,62 @@ func (e *effects) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) er
 	if pn {
 		panic("handler bug for " + m.AggregateID)
 	}
+	if err == nil && e.reject != nil {
+		err = e.reject(m)
+	}
+	return err
+}
+
+// batchEffects is effects as a BatchHandler: one multi-row INSERT for the
+// whole batch, then the failures Handle would have had. It writes before it
+// fails, so that a batch that is not rolled back shows up as doubled rows.
+type batchEffects struct{ *effects }
+
+func (e batchEffects) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+	e.mu.Lock()
+	e.batches = append(e.batches, slices.Clone(ms))
+	e.mu.Unlock()
+	keys, aggs, seqs := make([]string, len(ms)), make([]string, len(ms)), make([]int64, len(ms))
+	for i, m := range ms {
+		keys[i], aggs[i], seqs[i] = m.IdempotencyKey, m.AggregateID, m.Seq
+	}
+	// ORDER BY keeps the identity column in the order of ms, as Handle
+	// for each would have.
+	_, err := tx.Exec(ctx, `INSERT INTO `+e.table+` (key, aggregate, seq)
+SELECT k, a, s FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS u (k, a, s, o) ORDER BY o`, keys, aggs, seqs)
 	if err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO `+e.table+` (key, aggregate, seq) VALUES ($1, $2, $3)`, m.IdempotencyKey, m.AggregateID, m.Seq)
-	return err
+	for _, m := range ms {
+		if err := e.failure(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batchKeys returns the keys HandleBatch was given, one slice per call.
+func (e *effects) batchKeys() [][]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([][]string, len(e.batches))
+	for i, ms := range e.batches {
+		for _, m := range ms {
+			out[i] = append(out[i], m.IdempotencyKey)
+		}
+	}
+	return out
+}
+
+// handleCalls counts Handle's runs, over all keys.
+func (e *effects) handleCalls() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, c := range e.calls {
+		n += c
+	}
+	return n
 }
 
 func (e *effects) setFail(agg string, err error) {

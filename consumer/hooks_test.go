@@ -42,7 +42,7 @@ func TestHooksCountEveryRecordOnce(t *testing.T) {
 			c := &counter{outcomes: map[consumer.Outcome]int{}}
 			cfg := fastConfig(db, mode.batch)
 			cfg.Hooks = c
-			p, err := consumer.Handle(db.Pool, "svc", e, cfg)
+			p, err := consumer.Handle(db.Pool, "svc", mode.handler(e), cfg)
 			require.NoError(t, err)
 			processAll(t, p, mode.batch,
 				rec("a", 1, "a1"), rec("a", 1, "a1"), rec("a", 3, "a3"), rec("a", 2, "a2"),

@@ -112,7 +112,7 @@ func TestDatabaseFaults(t *testing.T) {
 			b := newGroupBundle(t, 2)
 			b.produce(t, stream(4, 40)...)
 			cl := b.client(t, b.group)
-			c, err := consumer.New(flakyDB(t, b.db, 12), cl, "svc", b.effects, fastConfig(b.db, mode.batch))
+			c, err := consumer.New(flakyDB(t, b.db, 12), cl, "svc", mode.handler(b.effects), fastConfig(b.db, mode.batch))
 			require.NoError(t, err)
 			runCtx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)

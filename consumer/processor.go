@@ -23,7 +23,8 @@ import (
 // Returning an error rolls tx back; the message is retried, or
 // dead-lettered at once when the error is Permanent. Work outside the
 // database (an email, an HTTP call) is not undone by a rollback and may
-// happen more than once.
+// happen more than once. A Handler that also implements BatchHandler
+// applies batch mode's batches in one call.
 type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, m *Message) error
 }
@@ -48,6 +49,7 @@ type Beginner interface {
 type Processor struct {
 	db       Beginner
 	h        Handler
+	bh       BatchHandler // h when it is one, else nil
 	cfg      Config
 	name     string
 	dedupe   *dedupe.Store
@@ -65,7 +67,8 @@ type Processor struct {
 // you already have: call Process (or ProcessBatch) for each record, and
 // mark its offset for commit only when it returns no error. name scopes the
 // processed keys, positions and dead letters: give each consuming service
-// its own.
+// its own. When h is also a BatchHandler, ProcessBatch applies a batch
+// through one HandleBatch call on its happy path.
 func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error) {
 	if db == nil || h == nil {
 		return nil, errors.New("consumer: Handle needs a database and a handler")
@@ -83,8 +86,9 @@ func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error
 		return nil, err
 	}
 	schema := pgx.Identifier{c.Schema}.Sanitize()
+	bh, _ := h.(BatchHandler)
 	return &Processor{
-		db: db, h: h, cfg: c, name: name, dedupe: d, ordering: o,
+		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o,
 		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim of the key and the move of the position in one

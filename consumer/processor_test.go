@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -51,15 +52,15 @@ func TestHandleConfig(t *testing.T) {
 func TestProcessor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	setup := func(t *testing.T, batch int, mod func(*consumer.Config)) (*consumer.Processor, *effects, *pgtest.DB) {
+	setup := func(t *testing.T, md mode, mod func(*consumer.Config)) (*consumer.Processor, *effects, *pgtest.DB) {
 		t.Helper()
 		db := pgtest.New(t, nil)
 		e := newEffects(t, db)
-		cfg := fastConfig(db, batch)
+		cfg := fastConfig(db, md.batch)
 		if mod != nil {
 			mod(cfg)
 		}
-		p, err := consumer.Handle(db.Pool, "svc", e, cfg)
+		p, err := consumer.Handle(db.Pool, "svc", md.handler(e), cfg)
 		require.NoError(t, err)
 		return p, e, db
 	}
@@ -70,7 +71,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("DuplicatesApplyOnce", func(t *testing.T) {
 				t.Parallel()
-				p, e, _ := setup(t, mode.batch, nil)
+				p, e, _ := setup(t, mode, nil)
 				res := processAll(t, p, mode.batch,
 					rec("o-1", 1, "k1"), rec("o-1", 1, "k1"), rec("o-2", 0, "k2"), rec("o-2", 0, "k2"), rec("o-1", 2, "k3"))
 				require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Duplicate, consumer.Applied, consumer.Duplicate, consumer.Applied}, outcomes(res))
@@ -87,7 +88,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("OutOfOrderRecordsParkAndDrainInOrder", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode.batch, nil)
+				p, e, db := setup(t, mode, nil)
 				res := processAll(t, p, mode.batch,
 					rec("o-1", 1, "a1"), rec("o-1", 3, "a3"), rec("o-1", 4, "a4"), rec("o-2", 1, "b1"),
 					rec("o-1", 3, "a3"), // redelivered while parked
@@ -113,7 +114,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("PoisonRecordIsDeadLetteredAndHoldsOnlyItsAggregate", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode.batch, nil)
+				p, e, db := setup(t, mode, nil)
 				e.setFail("bad", errBroken)
 				res := processAll(t, p, mode.batch,
 					rec("bad", 1, "x1"), rec("good", 1, "g1"), rec("bad", 2, "x2"), rec("good", 2, "g2"), rec("bad", 3, "x3"), rec("free", 0, "f"))
@@ -159,7 +160,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("PermanentErrorSkipsRetries", func(t *testing.T) {
 				t.Parallel()
-				p, e, _ := setup(t, mode.batch, nil)
+				p, e, _ := setup(t, mode, nil)
 				e.setFail("bad", consumer.Permanent(errBroken))
 				res := processAll(t, p, mode.batch, rec("bad", 0, "x"), rec("ok", 0, "y"))
 				require.Equal(t, []consumer.Outcome{consumer.DeadLettered, consumer.Applied}, outcomes(res))
@@ -169,7 +170,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("PanicIsRecoveredWithItsStack", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode.batch, nil)
+				p, e, db := setup(t, mode, nil)
 				e.mu.Lock()
 				e.panicOn["bad"] = true
 				e.mu.Unlock()
@@ -183,7 +184,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("DiscardReleasesSuccessors", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode.batch, nil)
+				p, e, db := setup(t, mode, nil)
 				e.setFail("bad", consumer.Permanent(errBroken))
 				res := processAll(t, p, mode.batch, rec("bad", 1, "x1"))
 				e.setFail("bad", nil)
@@ -202,7 +203,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("FailingDrainedRecordIsDeadLetteredAlone", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode.batch, nil)
+				p, e, db := setup(t, mode, nil)
 				res := processAll(t, p, mode.batch, rec("mid", 1, "m1"), rec("mid", 2, "m2"), rec("mid", 3, "m3"))
 				require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied, consumer.Applied}, outcomes(res))
 				res = processAll(t, p, mode.batch, rec("mid", 5, "m5"), rec("mid", 6, "m6"))
@@ -229,7 +230,7 @@ func TestProcessor(t *testing.T) {
 
 	t.Run("GapFailReturnsAGapError", func(t *testing.T) {
 		t.Parallel()
-		p, e, _ := setup(t, 1, func(c *consumer.Config) { c.GapPolicy = ordering.GapFail })
+		p, e, _ := setup(t, mode{batch: 1}, func(c *consumer.Config) { c.GapPolicy = ordering.GapFail })
 		processAll(t, p, 1, rec("o", 1, "a1"))
 		r := rec("o", 3, "a3")
 		r.Topic = "orders"
@@ -243,7 +244,7 @@ func TestProcessor(t *testing.T) {
 
 	t.Run("GapIgnoreAppliesEverything", func(t *testing.T) {
 		t.Parallel()
-		p, e, _ := setup(t, 1, func(c *consumer.Config) { c.GapPolicy = ordering.GapIgnore })
+		p, e, _ := setup(t, mode{batch: 1}, func(c *consumer.Config) { c.GapPolicy = ordering.GapIgnore })
 		res := processAll(t, p, 1, rec("o", 1, "a1"), rec("o", 3, "a3"), rec("o", 2, "a2"), rec("o", 2, "a2"))
 		require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied, consumer.Applied, consumer.Duplicate}, outcomes(res))
 		require.Equal(t, []int64{1, 3, 2}, e.seqs(t, "o"))
@@ -251,7 +252,7 @@ func TestProcessor(t *testing.T) {
 
 	t.Run("FirstSeenStrictParksUntilSequenceOne", func(t *testing.T) {
 		t.Parallel()
-		p, e, _ := setup(t, 1, nil) // strict is the default
+		p, e, _ := setup(t, mode{batch: 1}, nil) // strict is the default
 		res := processAll(t, p, 1, rec("o", 2, "a2"), rec("o", 1, "a1"))
 		require.Equal(t, []consumer.Outcome{consumer.Parked, consumer.Applied}, outcomes(res))
 		require.Equal(t, []int64{1, 2}, e.seqs(t, "o"))
@@ -259,18 +260,42 @@ func TestProcessor(t *testing.T) {
 
 	t.Run("FirstSeenBaselineStartsWhereTheConsumerJoined", func(t *testing.T) {
 		t.Parallel()
-		p, e, _ := setup(t, 1, func(c *consumer.Config) { c.FirstSeen = ordering.FirstSeenBaseline })
+		p, e, _ := setup(t, mode{batch: 1}, func(c *consumer.Config) { c.FirstSeen = ordering.FirstSeenBaseline })
 		res := processAll(t, p, 1, rec("o", 5, "a5"), rec("o", 6, "a6"), rec("o", 4, "a4"))
 		require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied, consumer.Duplicate}, outcomes(res))
 		require.Equal(t, []int64{5, 6}, e.seqs(t, "o"))
 	})
 
-	// Every record is produced once in each mode, with the same disorder,
-	// duplicates, poison and bad input: the database must end up the same.
+	// Every record is produced once in each mode (one per transaction, in
+	// batches through Handle, in batches through HandleBatch), with the same
+	// disorder, duplicates, poison and bad input: the database must end up
+	// the same.
 	t.Run("BatchModeMatchesSingleMode", func(t *testing.T) {
 		t.Parallel()
 		stream := func() []*kgo.Record {
 			var rs []*kgo.Record
+			// Two batches (of 16) that reach the handlers on the happy
+			// path: the first with a repeated key and records without a
+			// sequence, the second with a poison record, which sends it
+			// back one by one. Then disorder, which the happy path mostly
+			// leaves to the fallback.
+			next := map[string]int64{}
+			clean := func(aggs ...string) {
+				for _, agg := range aggs {
+					next[agg]++
+					rs = append(rs, rec(agg, next[agg], agg+"-"+strconvI(next[agg])))
+				}
+			}
+			for range 3 {
+				clean("c0", "c1", "c2", "c3")
+			}
+			rs = append(rs, rec("c0", 1, "c0-1"), rec("n", 0, "n1"), rec("n", 0, "n2"))
+			clean("c1")
+			for range 3 {
+				clean("c0", "c1", "c2", "c3")
+			}
+			rs = append(rs, rec("q", 1, "q1"), rec("q", 2, "q2"), rec("n", 0, "n3"))
+			clean("c0")
 			for i := range 40 {
 				agg := "a" + string(rune('0'+i%5))
 				seq := int64(i/5 + 1)
@@ -292,10 +317,17 @@ func TestProcessor(t *testing.T) {
 			effects []string
 			letters []string
 		}
-		run := func(batch int, first ordering.FirstSeenPolicy) state {
-			p, e, db := setup(t, batch, func(c *consumer.Config) { c.FirstSeen = first })
+		run := func(md mode, first ordering.FirstSeenPolicy) state {
+			p, e, db := setup(t, md, func(c *consumer.Config) { c.FirstSeen = first })
 			e.setFail("p", consumer.Permanent(errBroken))
-			processAll(t, p, batch, stream()...)
+			e.setFail("q", errBroken)
+			processAll(t, p, md.batch, stream()...)
+			if md.batchHandler {
+				calls := e.batchKeys()
+				require.GreaterOrEqual(t, len(calls), 2, "HandleBatch ran for the clean batches")
+				require.Len(t, calls[0], 15, "all but the repeated key")
+				require.Contains(t, calls[1], "q1")
+			}
 			rows, err := db.Pool.Query(ctx, `SELECT aggregate || ':' || seq FROM `+e.table+` ORDER BY n`)
 			require.NoError(t, err)
 			var s state
@@ -308,15 +340,16 @@ func TestProcessor(t *testing.T) {
 			ls, err := p.DeadLetters().List(ctx, db.Pool, nil)
 			require.NoError(t, err)
 			for _, l := range ls {
-				s.letters = append(s.letters, l.IdempotencyKey+":"+strings.SplitN(l.Error, ":", 2)[0])
+				s.letters = append(s.letters, fmt.Sprintf("%s:%s:%d attempts", l.IdempotencyKey, strings.SplitN(l.Error, ":", 2)[0], l.Attempts))
 			}
 			return s
 		}
 		for _, first := range []ordering.FirstSeenPolicy{ordering.FirstSeenStrict, ordering.FirstSeenBaseline} {
-			single, batch := run(1, first), run(16, first)
+			single := run(mode{batch: 1}, first)
 			require.NotEmpty(t, single.effects)
-			require.Equal(t, single, batch)
-			require.Len(t, single.letters, 2)
+			require.Equal(t, single, run(mode{batch: 16}, first))
+			require.Equal(t, single, run(mode{batch: 16, batchHandler: true}, first))
+			require.Len(t, single.letters, 3)
 		}
 	})
 }
