@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pacedwrite"
 	"github.com/d419a114/outbox/internal/pgtest"
@@ -237,7 +238,8 @@ RETURNING e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggrega
 
 // BenchmarkLatency writes one event per transaction at a steady rate and
 // reports commit-to-consume latency percentiles (commit returned in the
-// writer to record fetched by a consumer).
+// writer to record fetched by a consumer) over five seconds, after a
+// second of warm-up at the same rate.
 //
 //	go test -run '^$' -bench Latency -benchtime 1x ./producer
 func BenchmarkLatency(b *testing.B) {
@@ -269,17 +271,28 @@ func measureLatency(b *testing.B, rate int, dur time.Duration) (p50, p99 time.Du
 
 	reader := broker.Client(b, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond))
 	// The reader notes when each event id arrived; the writers note when
-	// each commit returned; latencies are matched up at the end.
-	received := map[string]time.Time{}
-	total := rate * int(dur/time.Second)
+	// each commit returned; latencies are matched up at the end. A second
+	// of warm-up at the same rate is written first, waited for and left
+	// out of the figures.
+	var (
+		mu       sync.Mutex
+		received = map[string]time.Time{}
+	)
+	arrived := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(received)
+	}
+	warmup, total := rate, rate*int(dur/time.Second)
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
-		deadline, cancel := context.WithTimeout(ctx, dur+30*time.Second)
+		deadline, cancel := context.WithTimeout(ctx, dur+60*time.Second)
 		defer cancel()
-		for len(received) < total && deadline.Err() == nil {
+		for arrived() < warmup+total && deadline.Err() == nil {
 			fetches := reader.PollFetches(deadline)
 			now := time.Now()
+			mu.Lock()
 			fetches.EachRecord(func(r *kgo.Record) {
 				for _, h := range r.Headers {
 					if _, seen := received[string(h.Value)]; h.Key == outbox.HeaderEventID && !seen {
@@ -287,11 +300,15 @@ func measureLatency(b *testing.B, rate int, dur time.Duration) (p50, p99 time.Du
 					}
 				}
 			})
+			mu.Unlock()
 		}
 	}()
 
-	committed := pacedwrite.Run(ctx, b, db.Pool, producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}), rate, total)
+	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+	pacedwrite.Run(ctx, b, db.Pool, w, rate, warmup)
+	eventually.True(b, 30*time.Second, func() bool { return arrived() >= warmup }, "the warm-up's events")
+	committed := pacedwrite.Run(ctx, b, db.Pool, w, rate, total)
 	<-readDone
-	require.Len(b, received, total)
+	require.Equal(b, warmup+total, arrived())
 	return pacedwrite.Percentiles(committed, received)
 }
