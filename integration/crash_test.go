@@ -60,8 +60,9 @@ type pointHook struct {
 	gate    chan struct{}
 	once    sync.Once
 	// markConn is the connection that sent the last mark batch: its COMMIT
-	// is the mark's commit.
+	// is the mark's commit. marked holds the ids that batch marks.
 	markConn atomic.Pointer[pgx.Conn]
+	marked   atomic.Pointer[[]int64]
 }
 
 func newPointHook(p crashPoint, skip int) *pointHook {
@@ -107,6 +108,9 @@ func (h *pointHook) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pg
 	for _, q := range data.Batch.QueuedQueries {
 		if strings.Contains(q.SQL, markMarker) {
 			h.markConn.Store(conn)
+			if ids, ok := q.Arguments[0].([]int64); ok {
+				h.marked.Store(&ids)
+			}
 			if h.point == afterAckBeforeMark {
 				h.hit()
 			}
@@ -212,6 +216,19 @@ func crashCase(t *testing.T, point crashPoint, kill bool) {
 	atCrash := s.committedKeys()
 	s.startRelay("b", cfg, nil)
 	s.waitConsumed(atCrash, 60*time.Second)
+	if kill && !early && (point == afterAckBeforeMark || point == beforeMarkCommit) {
+		// The batch's records are on the topic already, so the wait above
+		// can end before the successor got to them (when nothing else was
+		// committed behind them); the zombie wakes late only once the
+		// successor marked them, after their lease ran out.
+		ids := *hook.marked.Load()
+		waitUntil(t, 60*time.Second, "the successor to mark the zombie's batch", func() bool {
+			var left int
+			require.NoError(t, s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+s.db.Table("events")+
+				` WHERE id = ANY($1) AND published_at IS NULL`, ids).Scan(&left))
+			return left == 0
+		})
+	}
 	hook.release()
 	a.stop()
 
