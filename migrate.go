@@ -118,7 +118,20 @@ func Migrate(ctx context.Context, db Beginner, cfg *MigrateConfig) ([]int, error
 	}
 	quoted := pgx.Identifier{schema}.Sanitize()
 
-	tx, err := db.Begin(ctx)
+	// Migrations read the tables they change (0004 lists failed events)
+	// and must see everything committed before they took their locks,
+	// which READ COMMITTED gives and a transaction-wide snapshot does not.
+	// A pgx.Tx given as db runs them in a savepoint of its own transaction,
+	// at whatever level that has; a migration that needs READ COMMITTED
+	// says so if it does not get it.
+	var tx pgx.Tx
+	if b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		tx, err = b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	} else {
+		tx, err = db.Begin(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("migrate: begin: %w", err)
 	}

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io/fs"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 )
 
@@ -120,6 +122,9 @@ func TestMigrate(t *testing.T) {
 			exec(`UPDATE `+events+` SET published_at = now() WHERE id = $1`, ids[3])
 			exec(`UPDATE `+events+` SET attempts = attempts + 1 WHERE id = $1`, ids[3])
 			require.Equal(t, ids[2:3], retrying(t, pool, schema), "delivered and deleted events leave; a delivered one never joins")
+
+			exec(`UPDATE `+events+` SET published_at = NULL WHERE id = ANY($1)`, []int64{ids[0], ids[3]})
+			require.Equal(t, []int64{ids[0], ids[2], ids[3]}, retrying(t, pool, schema), "a failed event made owed again joins again")
 		})
 	}
 
@@ -127,36 +132,88 @@ func TestMigrate(t *testing.T) {
 		t.Parallel()
 		pool, schema := setup(t)
 		ctx := context.Background()
-		list, err := outbox.MigrationList()
-		require.NoError(t, err)
 		quoted := pgx.Identifier{schema}.Sanitize()
-		// The schema as Migrate left it before 0004.
-		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `CREATE SCHEMA `+quoted+`; CREATE TABLE `+quoted+`.schema_versions (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()); SET LOCAL search_path = `+quoted); err != nil {
-				return err
-			}
-			for _, m := range list {
-				if m.Version >= 4 {
-					break
-				}
-				if _, err := tx.Exec(ctx, m.SQL); err != nil {
-					return err
-				}
-				if _, err := tx.Exec(ctx, `INSERT INTO schema_versions (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-					return err
-				}
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, attempts, published_at)
-				VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00', 2, NULL), (gen_random_uuid(), 'b', 'order', 'o', 2, 'e', '\x00', 0, NULL),
-				       (gen_random_uuid(), 'c', 'order', 'p', 1, 'e', '\x00', 1, now())`)
-			return err
-		}))
+		migrateTo(t, pool, schema, 3)
+		_, err := pool.Exec(ctx, `INSERT INTO `+quoted+`.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, attempts, published_at)
+			VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00', 2, NULL), (gen_random_uuid(), 'b', 'order', 'o', 2, 'e', '\x00', 0, NULL),
+			       (gen_random_uuid(), 'c', 'order', 'p', 1, 'e', '\x00', 1, now())`)
+		require.NoError(t, err)
 		applied, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
 		require.NoError(t, err)
 		require.Equal(t, 4, applied[0])
 		var failed int64
 		require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM `+quoted+`.events WHERE idempotency_key = 'a'`).Scan(&failed))
 		require.Equal(t, []int64{failed}, retrying(t, pool, schema))
+	})
+
+	// A relay of the old version records a failure while 0004 runs: the
+	// failure must be listed, by the backfill or by the trigger, or the
+	// new relays would let the aggregate's next event overtake it.
+	t.Run("UpgradeListsAFailureRecordedMeanwhile", func(t *testing.T) {
+		t.Parallel()
+		pool, schema := setup(t)
+		ctx := context.Background()
+		quoted := pgx.Identifier{schema}.Sanitize()
+		migrateTo(t, pool, schema, 3)
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+quoted+`.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload)
+			VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00') RETURNING id`).Scan(&id))
+
+		relay, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer relay.Rollback(ctx)
+		_, err = relay.Exec(ctx, `UPDATE `+quoted+`.events SET attempts = attempts + 1 WHERE id = $1`, id)
+		require.NoError(t, err)
+		migrated := make(chan error, 1)
+		go func() {
+			_, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
+			migrated <- err
+		}()
+		// Once the migration waits for the relay's transaction, let that
+		// commit.
+		eventually.True(t, 30*time.Second, func() bool {
+			var waiting bool
+			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE '%retrying_events%')`).Scan(&waiting))
+			return waiting
+		}, "the migration to wait for the relay's transaction")
+		require.NoError(t, relay.Commit(ctx))
+		require.NoError(t, <-migrated)
+		require.Equal(t, []int64{id}, retrying(t, pool, schema))
+	})
+
+	// A relay's role granted rights table by table before 0004 must still
+	// be able to record a failure afterwards.
+	t.Run("TriggersWorkForARoleWithoutRightsOnTheNewTable", func(t *testing.T) {
+		t.Parallel()
+		pool, schema := setup(t)
+		ctx := context.Background()
+		quoted := pgx.Identifier{schema}.Sanitize()
+		migrateTo(t, pool, schema, 3)
+		role := pgx.Identifier{schema + "_relay"}.Sanitize()
+		_, err := pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT USAGE ON SCHEMA `+quoted+` TO `+role+`;
+			GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA `+quoted+` TO `+role)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
+			require.NoError(t, err)
+		})
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+quoted+`.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload)
+			VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00') RETURNING id`).Scan(&id))
+		_, err = outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
+		require.NoError(t, err)
+
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+role); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `UPDATE `+quoted+`.events SET attempts = attempts + 1 WHERE id = $1`, id); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE `+quoted+`.events SET published_at = now() WHERE id = $1`, id)
+			return err
+		}))
 	})
 
 	t.Run("CallerSearchPathUntouched", func(t *testing.T) {
@@ -172,6 +229,33 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, conn.QueryRow(ctx, `SHOW search_path`).Scan(&path))
 		require.Equal(t, `"$user", public`, path)
 	})
+}
+
+// migrateTo brings schema up to version, as Migrate of an older release
+// would have left it.
+func migrateTo(t *testing.T, pool *pgxpool.Pool, schema string, version int) {
+	t.Helper()
+	ctx := context.Background()
+	list, err := outbox.MigrationList()
+	require.NoError(t, err)
+	quoted := pgx.Identifier{schema}.Sanitize()
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA `+quoted+`; CREATE TABLE `+quoted+`.schema_versions (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()); SET LOCAL search_path = `+quoted); err != nil {
+			return err
+		}
+		for _, m := range list {
+			if m.Version > version {
+				break
+			}
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO schema_versions (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
 }
 
 // retrying returns the ids listed in schema's retrying_events, in order.

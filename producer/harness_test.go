@@ -33,18 +33,18 @@ type bundle struct {
 
 func newBundle(t *testing.T, partitions int32) *bundle {
 	t.Helper()
-	return newBundleOn(t, kafkatest.New(t), partitions)
+	return newBundleOn(t, kafkatest.New(t), partitions, nil)
 }
 
 // newFaultBundle is newBundle on kfake, for tests that inject broker faults.
 func newFaultBundle(t *testing.T, partitions int32) *bundle {
 	t.Helper()
-	return newBundleOn(t, kafkatest.NewFake(t), partitions)
+	return newBundleOn(t, kafkatest.NewFake(t), partitions, nil)
 }
 
-func newBundleOn(t *testing.T, broker *kafkatest.Broker, partitions int32) *bundle {
+func newBundleOn(t *testing.T, broker *kafkatest.Broker, partitions int32, opts *pgtest.Opts) *bundle {
 	t.Helper()
-	db := pgtest.New(t, nil)
+	db := pgtest.New(t, opts)
 	return &bundle{
 		db:      db,
 		broker:  broker,

@@ -3,6 +3,7 @@ package producer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,12 +12,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/kafkatest"
+	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
-	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 func TestRelay(t *testing.T) {
@@ -363,21 +366,23 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		require.Equal(t, []int64{1, 2}, publishOrder(t, b, "k"))
 	})
 
-	t.Run("FailedEventHoldsItsAggregateThroughItsBackoff", func(t *testing.T) {
-		t.Parallel()
-		b := newFaultBundle(t, 1)
-		flakyTopic := b.broker.Topic(t, 1)
-		fault := b.broker.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: flakyTopic, Err: kerr.MessageTooLarge, Count: 1})
-		first := b.event("k")
-		first.Topic = flakyTopic
-		b.write(t, first, b.event("k"))
-		// The backoff outlasts many claims; each of them must leave seq 2
-		// alone while seq 1 waits to be tried again.
-		b.startRelay(t, &producer.RelayConfig{MinBackoff: time.Second, MaxBackoff: time.Second, PollInterval: 10 * time.Millisecond})
-		b.waitDelivered(t, 30*time.Second)
-		require.Equal(t, 1, fault.Hits())
-		require.Equal(t, []int64{1, 2}, publishOrder(t, b, "k"))
-	})
+	for _, partitioned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("FailedEventHoldsItsAggregateThroughItsBackoff/partitioned=%t", partitioned), func(t *testing.T) {
+			t.Parallel()
+			b := newBundleOn(t, kafkatest.NewFake(t), 1, &pgtest.Opts{PartitionEventsByDay: partitioned})
+			flakyTopic := b.broker.Topic(t, 1)
+			fault := b.broker.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: flakyTopic, Err: kerr.MessageTooLarge, Count: 1})
+			first := b.event("k")
+			first.Topic = flakyTopic
+			b.write(t, first, b.event("k"))
+			// The backoff outlasts many claims; each of them must leave seq
+			// 2 alone while seq 1 waits to be tried again.
+			b.startRelay(t, &producer.RelayConfig{MinBackoff: time.Second, MaxBackoff: time.Second, PollInterval: 10 * time.Millisecond})
+			b.waitDelivered(t, 30*time.Second)
+			require.Equal(t, 1, fault.Hits())
+			require.Equal(t, []int64{1, 2}, publishOrder(t, b, "k"))
+		})
+	}
 
 	t.Run("StaleRetryingEntryHoldsNothingBack", func(t *testing.T) {
 		t.Parallel()
@@ -388,7 +393,8 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		// An entry left behind for an event that is delivered by now (an
 		// operator's hand, or a trigger dropped and restored) names the
 		// aggregate's lowest id; its later events must still go out.
-		_, err := b.db.Pool.Exec(ctx, `INSERT INTO `+b.db.Table("retrying_events")+` (id) VALUES ($1), (-1)`, first[0].ID)
+		_, err := b.db.Pool.Exec(ctx, `INSERT INTO `+b.db.Table("retrying_events")+` (id, created_at)
+			SELECT id, created_at FROM `+b.db.Table("events")+` WHERE id = $1 UNION ALL SELECT -1, now()`, first[0].ID)
 		require.NoError(t, err)
 		b.write(t, b.event("k"))
 		b.waitDelivered(t, 30*time.Second)

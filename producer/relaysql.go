@@ -38,9 +38,11 @@ func newRelaySQL(schema string) relaySQL {
 // are almost always empty, and materialized: left to the planner as
 // correlated anti-joins, statistics taken before a backlog built up made it
 // scan the whole undelivered index once per candidate, and claims took
-// seconds. Each retrying id is looked up in events on its own (the LATERAL
-// with LIMIT 1 keeps the planner from turning the lookups into a join that
-// scans events) and checked again there, so a stale entry blocks nothing.
+// seconds. Each retrying event is looked up in events on its own (the
+// LATERAL with LIMIT 1 keeps the planner from turning the lookups into a
+// join that scans events; created_at, the partition key of the partitioned
+// layout, lets each lookup touch one partition) and checked again there, so
+// a stale entry blocks nothing.
 //
 // $4 lists the bucket hashes of the aggregates in the batch still in
 // flight, which the claim leaves out (a hashed subplan, whatever its size).
@@ -61,7 +63,7 @@ WITH retrying AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT id, aggregate_type, aggregate_id, next_attempt_at, leased_until
         FROM {schema}.events
-        WHERE id = r.id AND published_at IS NULL AND attempts > 0
+        WHERE id = r.id AND created_at = r.created_at AND published_at IS NULL AND attempts > 0
         LIMIT 1) e
 ), blocked AS MATERIALIZED (
     SELECT aggregate_type, aggregate_id, min(id) AS first_id

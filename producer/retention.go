@@ -74,15 +74,32 @@ WITH chunk AS MATERIALIZED (
 SELECT coalesce(max(id), 0), count(*), coalesce(bool_or(created_at >= $3), false), (SELECT count(*) FROM gone)
 FROM chunk`
 
+// forgetStaleRetryingSQL removes the entries of retrying_events whose
+// event is no longer owed after a failure: left by hand, or while a trigger
+// was disabled. They hold nothing back (the claim checks each entry again)
+// but cost every claim a lookup. Each entry is looked up on its own (the
+// LATERAL with LIMIT 1), so that a long list never turns into a scan of
+// events. A failure being recorded meanwhile is not visible to this
+// statement, nor is its entry, which it therefore leaves alone.
+const forgetStaleRetryingSQL = `
+DELETE FROM {schema}.retrying_events d
+USING {schema}.retrying_events r
+LEFT JOIN LATERAL (
+    SELECT true AS owed FROM {schema}.events e
+    WHERE e.id = r.id AND e.created_at = r.created_at AND e.published_at IS NULL AND e.attempts > 0
+    LIMIT 1) x ON true
+WHERE d.id = r.id AND x.owed IS NULL`
+
 // Prune removes delivered events older than the retention window. An
 // undelivered event is never removed, whatever its age.
 //
 // On a plain events table it deletes in batches until none is left. On a
 // day-partitioned table (MigrateConfig.PartitionEventsByDay) it creates the
 // coming days' partitions and drops whole partitions that ended before the
-// window and hold no undelivered event. A Relay calls it every
-// RelayConfig.RetentionInterval; call it yourself only when running without
-// a relay or with retention disabled there.
+// window and hold no undelivered event. It also forgets the entries of
+// retrying_events whose event is no longer owed (see migration 0004). A
+// Relay calls it every RelayConfig.RetentionInterval; call it yourself only
+// when running without a relay or with retention disabled there.
 func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
 	c := PruneConfig{}
 	if cfg != nil {
@@ -115,6 +132,9 @@ func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
 		}
 		// Rows that landed in the default partition are deleted row by row.
 		table = "events_default"
+	}
+	if _, err := db.Exec(ctx, qualify(forgetStaleRetryingSQL, c.Schema)); err != nil {
+		return res, fmt.Errorf("producer: prune: forget stale retrying events: %w", err)
 	}
 	stmt := qualify(strings.ReplaceAll(pruneChunkSQL, "{table}", table), c.Schema)
 	from := int64(math.MinInt64)

@@ -2,6 +2,7 @@ package producer_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -63,6 +64,51 @@ func TestPrune(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, int64(18), res.Deleted, "three chunks of seven, the rows kept inside them passed over")
 		require.Equal(t, append([]int64{ids[3], ids[9]}, ids[20:]...), remaining(t, db))
+	})
+
+	// The walk ends at the first chunk that reaches rows created inside
+	// the window, so its cost tracks what is old, not the whole table; a
+	// deletable row with a higher id than a young one (a long writer
+	// transaction) waits for a later run.
+	t.Run("WalkStopsAtTheWindow", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		ids := write(t, db, 5)
+		_, err := db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET created_at = now() - interval '10 days', published_at = now() - interval '10 days'
+			WHERE id = ANY($1)`, []int64{ids[0], ids[1], ids[2], ids[4]})
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET published_at = now() WHERE id = $1`, ids[3])
+		require.NoError(t, err)
+
+		res, err := producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema, BatchSize: 2})
+		require.NoError(t, err)
+		require.Equal(t, int64(3), res.Deleted)
+		require.Equal(t, ids[3:], remaining(t, db))
+	})
+
+	t.Run("ForgetsStaleRetryingEntries", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		ids := write(t, db, 3)
+		_, err := db.Pool.Exec(ctx, `UPDATE `+db.Table("events")+` SET attempts = 1 WHERE id = ANY($1)`, ids[:2])
+		require.NoError(t, err)
+		// Left behind: an entry for an event delivered while its trigger
+		// was disabled, one for an event that never failed, one for an
+		// event that is gone.
+		_, err = db.Pool.Exec(ctx, `ALTER TABLE `+db.Table("events")+` DISABLE TRIGGER events_forget_delivered;
+			UPDATE `+db.Table("events")+` SET published_at = now() WHERE id = `+strconv.FormatInt(ids[1], 10)+`;
+			ALTER TABLE `+db.Table("events")+` ENABLE TRIGGER events_forget_delivered;
+			INSERT INTO `+db.Table("retrying_events")+` (id, created_at) SELECT id, created_at FROM `+db.Table("events")+` WHERE id = `+strconv.FormatInt(ids[2], 10)+`;
+			INSERT INTO `+db.Table("retrying_events")+` (id, created_at) VALUES (-1, now())`)
+		require.NoError(t, err)
+
+		_, err = producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema})
+		require.NoError(t, err)
+		rows, err := db.Pool.Query(ctx, `SELECT id FROM `+db.Table("retrying_events")+` ORDER BY id`)
+		require.NoError(t, err)
+		listed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		require.Equal(t, ids[:1], listed)
 	})
 
 	t.Run("DropsOnlyOldPartitionsWithoutUndeliveredRows", func(t *testing.T) {
