@@ -256,7 +256,15 @@ func (r *Relay) Run(ctx context.Context) error {
 			nextRebalance = now.Add(r.cfg.RebalanceInterval)
 		}
 
-		batch, err := owner.claim(ctx, inFlight.aggregates())
+		// The claim is not cancelled with ctx: a claim cut off after the
+		// server leased its rows would leave them to wait out the lease
+		// (and fence their buckets for the next owner) unpublished. Once
+		// claimed, a batch is published and marked; Run returns after.
+		claimStart := time.Now()
+		claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
+		batch, err := owner.claim(claimCtx, inFlight.aggregates())
+		cancelClaim()
+		claimTook := time.Since(claimStart)
 		landed := inFlight != nil
 		if landed {
 			r.land(ctx, owner, inFlight)
@@ -289,8 +297,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		failures = 0
 		if !idle && time.Since(lastWork) < busyLinger {
-			// Busy a moment ago: more is likely on its way.
-			r.sleep(ctx, wake, busyPoll)
+			// Busy a moment ago: more is likely on its way. An empty claim
+			// that took long (many failed events to look up) spaces the
+			// next one out as much, so that lingering never keeps the
+			// database busier than half the time.
+			r.sleep(ctx, wake, max(busyPoll, claimTook))
 			continue
 		}
 		if !idle {
@@ -335,8 +346,9 @@ const idleSettle = 2 * wakeQuietFor
 // writer's commit sending a NOTIFY in between; with one writer connection
 // and the relay on the same two cores, that cost the writer about half its
 // commits/s (BenchmarkWrite, write+running-relay). Lingering costs an empty
-// claim every busyPoll for busyLinger after traffic stops, and up to
-// busyPoll of latency for the events that arrive meanwhile.
+// claim every busyPoll (or as long as the last claim took, if longer) for
+// busyLinger after traffic stops, and up to busyPoll of latency for the
+// events that arrive meanwhile.
 const (
 	busyLinger = 100 * time.Millisecond
 	busyPoll   = 5 * time.Millisecond
