@@ -155,9 +155,7 @@ func TestMigrate(t *testing.T) {
 		ctx := context.Background()
 		quoted := pgx.Identifier{schema}.Sanitize()
 		migrateTo(t, pool, schema, 3)
-		var id int64
-		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+quoted+`.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload)
-			VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00') RETURNING id`).Scan(&id))
+		id := insertEvent(t, pool, schema)
 
 		relay, err := pool.Begin(ctx)
 		require.NoError(t, err)
@@ -173,8 +171,8 @@ func TestMigrate(t *testing.T) {
 		// commit.
 		eventually.True(t, 30*time.Second, func() bool {
 			var waiting bool
-			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND query LIKE '%retrying_events%')`).Scan(&waiting))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = $1::regclass)`,
+				quoted+`.events`).Scan(&waiting))
 			return waiting
 		}, "the migration to wait for the relay's transaction")
 		require.NoError(t, relay.Commit(ctx))
@@ -198,9 +196,7 @@ func TestMigrate(t *testing.T) {
 			_, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
 			require.NoError(t, err)
 		})
-		var id int64
-		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+quoted+`.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload)
-			VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00') RETURNING id`).Scan(&id))
+		id := insertEvent(t, pool, schema)
 		_, err = outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
 		require.NoError(t, err)
 
@@ -256,6 +252,17 @@ func migrateTo(t *testing.T, pool *pgxpool.Pool, schema string, version int) {
 		}
 		return nil
 	}))
+}
+
+// insertEvent inserts an undelivered event into schema's events table and
+// returns its id.
+func insertEvent(t *testing.T, pool *pgxpool.Pool, schema string) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(), `INSERT INTO `+pgx.Identifier{schema, "events"}.Sanitize()+`
+		(event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload)
+		VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00') RETURNING id`).Scan(&id))
+	return id
 }
 
 // retrying returns the ids listed in schema's retrying_events, in order.
