@@ -13,7 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/consumer"
-	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pacedwrite"
 	"github.com/d419a114/outbox/internal/pgtest"
@@ -76,10 +75,7 @@ func endToEnd(b *testing.B, rate, batch int, dur time.Duration) latencies {
 		// when it produced the record.
 		produced = map[string]time.Time{}
 	)
-	// A second of warm-up at the same rate is written first, waited for
-	// and left out of the figures: the group join and the first
-	// connections and statements happen once per run, and the backlog they
-	// leave would otherwise be the tail.
+	// pacedwrite.Run writes a second of warm-up first (rate events).
 	warmup, total := rate, rate*int(dur/time.Second)
 	allHandled := make(chan struct{})
 	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -110,14 +106,11 @@ func endToEnd(b *testing.B, rate, batch int, dur time.Duration) latencies {
 		<-consumerDone
 	}()
 
-	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
-	pacedwrite.Run(ctx, b, db.Pool, w, rate, warmup)
-	eventually.True(b, 60*time.Second, func() bool {
+	committed := pacedwrite.Run(ctx, b, db.Pool, producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}), rate, total, func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(handled) >= warmup
-	}, "the warm-up's events handled")
-	committed := pacedwrite.Run(ctx, b, db.Pool, w, rate, total)
+		return len(handled)
+	})
 	select {
 	case <-allHandled:
 	case <-time.After(dur + 60*time.Second):

@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
-	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pacedwrite"
 	"github.com/d419a114/outbox/internal/pgtest"
@@ -271,9 +270,8 @@ func measureLatency(b *testing.B, rate int, dur time.Duration) (p50, p99 time.Du
 
 	reader := broker.Client(b, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond))
 	// The reader notes when each event id arrived; the writers note when
-	// each commit returned; latencies are matched up at the end. A second
-	// of warm-up at the same rate is written first, waited for and left
-	// out of the figures.
+	// each commit returned; latencies are matched up at the end, leaving
+	// out pacedwrite's second of warm-up.
 	var (
 		mu       sync.Mutex
 		received = map[string]time.Time{}
@@ -304,10 +302,7 @@ func measureLatency(b *testing.B, rate int, dur time.Duration) (p50, p99 time.Du
 		}
 	}()
 
-	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
-	pacedwrite.Run(ctx, b, db.Pool, w, rate, warmup)
-	eventually.True(b, 30*time.Second, func() bool { return arrived() >= warmup }, "the warm-up's events")
-	committed := pacedwrite.Run(ctx, b, db.Pool, w, rate, total)
+	committed := pacedwrite.Run(ctx, b, db.Pool, producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}), rate, total, arrived)
 	<-readDone
 	require.Equal(b, warmup+total, arrived())
 	return pacedwrite.Percentiles(committed, received)

@@ -13,18 +13,27 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/producer"
 )
 
-// Run writes total events through w, rate per second, each in a transaction
-// of its own on pool, and returns when each one's commit returned, by event
-// id. Failures are reported to tb.
-//
-// Measure after a warm-up: a first Run whose events are waited for and left
-// out. Connections opening, statements being prepared and a consumer
-// joining its group happen once per run, and a backlog they leave would
-// otherwise be the measured run's tail.
-func Run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.Writer, rate, total int) map[string]time.Time {
+// Run writes a second's worth of events through w at rate per second, waits
+// until arrived (the caller's count of events seen at the far end) reaches
+// them, then writes total more at the same rate and returns when each of
+// those one's commit returned, by event id. Each event is written in a
+// transaction of its own on pool. The warm-up is left out of the result:
+// connections opening, statements being prepared and a consumer joining
+// its group happen once per run, and a backlog they leave would otherwise
+// be the measured events' tail. Failures are reported to tb.
+func Run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.Writer, rate, total int, arrived func() int) map[string]time.Time {
+	write(ctx, tb, pool, w, rate, rate)
+	eventually.True(tb, 60*time.Second, func() bool { return arrived() >= rate }, "the warm-up's events to arrive")
+	return write(ctx, tb, pool, w, rate, total)
+}
+
+// write writes total events through w, rate per second, and returns when
+// each one's commit returned, by event id.
+func write(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.Writer, rate, total int) map[string]time.Time {
 	var (
 		mu        sync.Mutex
 		committed = make(map[string]time.Time, total)
