@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -211,10 +212,16 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 		if ctx.Err() != nil {
 			return nil, false, nil, nil, ctx.Err()
 		}
-		if tx.Conn().IsClosed() {
+		var te *HandlerTimeoutError
+		if tx.Conn().IsClosed() && !errors.As(err, &te) {
 			// The database went away under the handler: that says
 			// nothing about the records and must not count as a try.
 			return nil, false, nil, nil, infra(fmt.Errorf("consumer: handler lost its connection: %w", err))
+		}
+		if classify(err) == classTransient {
+			// A deadlock, a lock timeout: not the records' fault, so
+			// no record is blamed; one by one, each is tried afresh.
+			return nil, false, nil, nil, nil
 		}
 		return nil, false, m, err, nil
 	}

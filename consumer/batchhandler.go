@@ -73,7 +73,10 @@ func (p *Processor) handleAll(ctx context.Context, tx pgx.Tx, msgs []*Message, r
 	if len(ms) == 0 {
 		return nil, nil
 	}
-	return nil, p.callBatch(ctx, tx, ms)
+	hctx, cancel := p.handlerContext(ctx)
+	defer cancel()
+	err = p.callBatch(hctx, tx, ms)
+	return nil, p.timedOut(ctx, hctx, err)
 }
 
 // callBatch runs HandleBatch, turning a panic into a *PanicError. A

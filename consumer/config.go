@@ -23,6 +23,15 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the exponential wait between tries,
 	// which is jittered. Default 50ms and 5s.
 	MinBackoff, MaxBackoff time.Duration
+	// HandlerTimeout bounds one call of the handler (Handle, or HandleBatch
+	// for a whole batch): its ctx carries the deadline. A handler that runs
+	// out of it fails with a *HandlerTimeoutError, which counts as a failed
+	// attempt: it is retried and then dead-lettered naming the timeout. Its
+	// transaction is rolled back. A handler that ignores its ctx is still
+	// waited for, holding its record (and, in the Consumer, its poll round)
+	// until it returns, except at shutdown: see ShutdownGrace. Default 30s;
+	// negative means no bound.
+	HandlerTimeout time.Duration
 	// KeyFunc extracts the idempotency key of a record that has none of the
 	// outbox-idempotency-key, outbox-event-id and Debezium id headers
 	// (tried in that order). A record without a key is dead-lettered with
@@ -94,6 +103,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.MaxBackoff == 0 {
 		out.MaxBackoff = 5 * time.Second
+	}
+	if out.HandlerTimeout == 0 {
+		out.HandlerTimeout = 30 * time.Second
 	}
 	if out.MaxValueBytes == 0 {
 		out.MaxValueBytes = 16 << 20

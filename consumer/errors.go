@@ -3,6 +3,12 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/d419a114/outbox/ordering"
 )
 
 // ErrClosed is returned by Run when called twice or after the client was
@@ -52,4 +58,102 @@ func infra(err error) error {
 		return nil
 	}
 	return &infraError{err: err}
+}
+
+// HandlerTimeoutError reports a handler that did not return within
+// Config.HandlerTimeout. It counts as a failed attempt: the record is
+// retried and, after Config.MaxAttempts, dead-lettered with this error.
+type HandlerTimeoutError struct {
+	Timeout time.Duration
+	// Err is what the handler returned, typically its context's error.
+	Err error
+}
+
+func (e *HandlerTimeoutError) Error() string {
+	return fmt.Sprintf("consumer: handler did not finish within Config.HandlerTimeout (%s): %v", e.Timeout, e.Err)
+}
+
+func (e *HandlerTimeoutError) Unwrap() error { return e.Err }
+
+// SequenceReusedError reports a record whose idempotency key is new but
+// whose sequence its aggregate has already passed (or has parked for
+// another record): a different event reusing a sequence, which a producer
+// bug or a second producer of the aggregate causes. It is permanent: the
+// record is dead-lettered and holds nothing back. A true redelivery has the
+// same key and is a quiet Duplicate instead.
+type SequenceReusedError struct {
+	Aggregate ordering.Aggregate
+	Seq       int64
+	// Position is the aggregate's last applied sequence.
+	Position int64
+	// Parked is set when another record with Seq is parked, waiting.
+	Parked bool
+}
+
+func (e *SequenceReusedError) Error() string {
+	if e.Parked {
+		return fmt.Sprintf("consumer: sequence %d of %s is already parked for another event; a producer reused the sequence: fix the producer, then discard this letter", e.Seq, e.Aggregate)
+	}
+	return fmt.Sprintf("consumer: sequence %d of %s is behind its aggregate's position %d, and its idempotency key is new: another event took this sequence (a producer reused it), an operator skipped it, or its key was pruned before it came back; fix the producer if it reused the sequence, then discard this letter", e.Seq, e.Aggregate, e.Position)
+}
+
+// errClass is what an error says about the record it came with.
+type errClass int
+
+const (
+	// classRecord: the handler failed for this record. The try counts
+	// toward Config.MaxAttempts and the record is dead-lettered after the
+	// last (at once when the error is Permanent).
+	classRecord errClass = iota
+	// classTransient: the database or the network failed, or the record
+	// lost a race with another transaction. It says nothing about the
+	// record: the try does not count, the record is handed back to be
+	// processed again, and it is never dead-lettered for it.
+	classTransient
+	// classData: the database refused the record's own data in the SDK's
+	// statements (SQLSTATE classes 22 and 54: a value out of range or too
+	// long to index). Retrying cannot help: the record is dead-lettered at
+	// once.
+	classData
+)
+
+// transientStates are the SQLSTATEs, and classes (two characters), that
+// classify files under classTransient.
+var transientStates = map[string]bool{
+	"08":    true, // connection exception
+	"53":    true, // insufficient resources
+	"40001": true, // serialization_failure
+	"40P01": true, // deadlock_detected
+	"55P03": true, // lock_not_available (lock_timeout)
+	"57014": true, // query_canceled (statement_timeout)
+	"57P01": true, // admin_shutdown
+	"57P02": true, // crash_shutdown
+	"57P03": true, // cannot_connect_now
+	"25006": true, // read_only_sql_transaction (a switchover left us on a replica)
+}
+
+// classify says what err tells about its record; see errClass. A
+// *pgconn.PgError is classified by its SQLSTATE wherever it came from; an
+// error of the consumer's own statements (infra) is transient unless its
+// SQLSTATE says the record's data is at fault.
+func classify(err error) errClass {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		code := pe.Code
+		switch {
+		case transientStates[code] || len(code) == 5 && transientStates[code[:2]]:
+			return classTransient
+		case isInfra(err) && (strings.HasPrefix(code, "22") || strings.HasPrefix(code, "54")):
+			return classData
+		}
+	}
+	if isInfra(err) {
+		return classTransient
+	}
+	return classRecord
+}
+
+func isInfra(err error) bool {
+	var ie *infraError
+	return errors.As(err, &ie)
 }

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -37,7 +38,8 @@ type Message struct {
 	// AggregateType is outbox.HeaderAggregateType; "" when absent.
 	AggregateType string
 	// AggregateID is outbox.HeaderAggregateID, or the record key when the
-	// header is absent; "" when both are.
+	// header is absent; "" when both are, or when the key is not UTF-8
+	// text (a record with a sequence then is dead-lettered).
 	AggregateID string
 	// Seq is outbox.HeaderAggregateSeq, at least 1; 0 when absent, and then
 	// the record bypasses ordering (see HasSeq).
@@ -109,61 +111,92 @@ func (e *ValueTooLargeError) Error() string {
 
 // parse builds the Message of rec. It always returns a message (with what
 // could be parsed, for the dead letter) and, for unusable input, a
-// permanent error.
+// permanent error. A field over its length limit (outbox.MaxAggregateIDBytes
+// and the others) is left empty in the message, so that the dead letter
+// fits the table's indexes; the record keeps it whole.
 func parse(rec *kgo.Record, keyFunc func(*kgo.Record) (string, error), maxValue int) (*Message, error) {
 	m := &Message{
 		Record: rec, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
 		Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: rec.Timestamp,
 	}
 	var errs []error
-	text := func(name string) string {
+	bad := func(name string, v []byte, reason string) {
+		errs = append(errs, &HeaderError{Header: name, Value: v, Reason: reason})
+	}
+	// text returns the header's value, "" when it is absent, and says
+	// whether it is present.
+	text := func(name string) (string, bool) {
 		v, ok := header(rec.Headers, name)
 		if !ok {
+			return "", false
+		}
+		if other, twice := secondValue(rec.Headers, name, v); twice {
+			bad(name, v, fmt.Sprintf("the record carries it twice, with different values (%q and %q); a record must carry one", v, other))
+			return "", true
+		}
+		if !isText(v) {
+			bad(name, v, "not UTF-8 text without NUL bytes")
+			return "", true
+		}
+		return string(v), true
+	}
+	limited := func(name, v string, limit int, constant string) string {
+		if len(v) > limit {
+			bad(name, []byte(v[:32]), fmt.Sprintf("is %d bytes, over the limit of %d (outbox.%s); the consumer cannot index it", len(v), limit, constant))
 			return ""
 		}
-		if !utf8.Valid(v) || strings.ContainsRune(string(v), 0) {
-			errs = append(errs, &HeaderError{Header: name, Value: v, Reason: "not UTF-8 text"})
-			return ""
-		}
-		return string(v)
+		return v
 	}
-	m.EventID = text(outbox.HeaderEventID)
-	m.EventType = text(outbox.HeaderEventType)
-	m.AggregateType = text(outbox.HeaderAggregateType)
-	m.AggregateID = text(outbox.HeaderAggregateID)
-	m.ContentType = text(outbox.HeaderContentType)
-	if m.AggregateID == "" && len(rec.Key) > 0 {
-		if utf8.Valid(rec.Key) && !strings.ContainsRune(string(rec.Key), 0) {
-			m.AggregateID = string(rec.Key)
+	m.EventID, _ = text(outbox.HeaderEventID)
+	m.EventType, _ = text(outbox.HeaderEventType)
+	m.ContentType, _ = text(outbox.HeaderContentType)
+	aggType, _ := text(outbox.HeaderAggregateType)
+	m.AggregateType = limited(outbox.HeaderAggregateType, aggType, outbox.MaxAggregateTypeBytes, "MaxAggregateTypeBytes")
+	aggID, idHeader := text(outbox.HeaderAggregateID)
+	keyNotText := false
+	if !idHeader && len(rec.Key) > 0 {
+		if isText(rec.Key) {
+			aggID = string(rec.Key)
+		} else {
+			keyNotText = true
 		}
 	}
-	if v := text(outbox.HeaderAggregateSeq); v != "" {
+	m.AggregateID = limited(outbox.HeaderAggregateID, aggID, outbox.MaxAggregateIDBytes, "MaxAggregateIDBytes")
+	aggOK := len(aggType) <= outbox.MaxAggregateTypeBytes && len(aggID) <= outbox.MaxAggregateIDBytes
+	if v, present := text(outbox.HeaderAggregateSeq); v != "" {
 		seq, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		switch {
 		case err != nil:
-			errs = append(errs, &HeaderError{Header: outbox.HeaderAggregateSeq, Value: []byte(v), Reason: "not a decimal integer"})
+			bad(outbox.HeaderAggregateSeq, []byte(v), "not a decimal integer of at most 19 digits")
 		case seq < 1:
-			errs = append(errs, &HeaderError{Header: outbox.HeaderAggregateSeq, Value: []byte(v), Reason: "sequences start at 1"})
-		case m.AggregateID == "":
-			errs = append(errs, &HeaderError{Header: outbox.HeaderAggregateSeq, Value: []byte(v), Reason: "a sequenced record needs an aggregate id (header or record key)"})
-		default:
+			bad(outbox.HeaderAggregateSeq, []byte(v), "sequences start at 1")
+		case keyNotText:
+			bad(outbox.HeaderAggregateSeq, []byte(v), "a sequenced record needs an aggregate id, and the record key is not UTF-8 text; set the "+outbox.HeaderAggregateID+" header")
+		case aggID == "":
+			bad(outbox.HeaderAggregateSeq, []byte(v), "a sequenced record needs an aggregate id; set the "+outbox.HeaderAggregateID+" header or the record key")
+		case aggOK:
 			m.Seq = seq
 		}
-	} else if _, present := header(rec.Headers, outbox.HeaderAggregateSeq); present && len(errs) == 0 {
-		errs = append(errs, &HeaderError{Header: outbox.HeaderAggregateSeq, Reason: "empty"})
+	} else if present && len(errs) == 0 {
+		bad(outbox.HeaderAggregateSeq, nil, "empty; set it to the event's sequence, from 1, or drop it to bypass ordering")
 	}
-	if v := text(outbox.HeaderOccurredAt); v != "" {
+	if v, _ := text(outbox.HeaderOccurredAt); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {
-			errs = append(errs, &HeaderError{Header: outbox.HeaderOccurredAt, Value: []byte(v), Reason: "not an RFC 3339 time"})
+			bad(outbox.HeaderOccurredAt, []byte(v), "not an RFC 3339 time")
 		}
 		m.OccurredAt = t
 	}
 	// The key, in the documented order.
+	var empty []string
 	for _, name := range []string{outbox.HeaderIdempotencyKey, outbox.HeaderEventID, outbox.HeaderDebeziumID} {
-		if v := text(name); v != "" {
-			m.IdempotencyKey = v
+		v, present := text(name)
+		if v != "" {
+			m.IdempotencyKey = limited(name, v, outbox.MaxIdempotencyKeyBytes, "MaxIdempotencyKeyBytes")
 			break
+		}
+		if present {
+			empty = append(empty, name)
 		}
 	}
 	if m.IdempotencyKey == "" && keyFunc != nil {
@@ -171,14 +204,20 @@ func parse(rec *kgo.Record, keyFunc func(*kgo.Record) (string, error), maxValue 
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("consumer: key function: %w", err))
-		case !utf8.ValidString(k) || strings.ContainsRune(k, 0):
-			errs = append(errs, fmt.Errorf("consumer: key function returned %q, which is not UTF-8 text", k))
+		case k != "" && !isText([]byte(k)):
+			errs = append(errs, fmt.Errorf("consumer: key function returned %q, which is not UTF-8 text without NUL bytes; fix Config.KeyFunc", k))
+		case len(k) > outbox.MaxIdempotencyKeyBytes:
+			errs = append(errs, fmt.Errorf("consumer: key function returned a key of %d bytes, over the limit of %d (outbox.MaxIdempotencyKeyBytes); fix Config.KeyFunc", len(k), outbox.MaxIdempotencyKeyBytes))
 		default:
 			m.IdempotencyKey = k
 		}
 	}
 	if m.IdempotencyKey == "" && len(errs) == 0 {
-		errs = append(errs, ErrNoKey)
+		if len(empty) > 0 {
+			errs = append(errs, fmt.Errorf("consumer: record has no idempotency key: header %s is empty; set it to the event's key: %w", strings.Join(empty, " and "), ErrNoKey))
+		} else {
+			errs = append(errs, ErrNoKey)
+		}
 	}
 	if maxValue > 0 && len(rec.Value) > maxValue {
 		errs = append(errs, &ValueTooLargeError{Size: len(rec.Value), Max: maxValue})
@@ -187,4 +226,19 @@ func parse(rec *kgo.Record, keyFunc func(*kgo.Record) (string, error), maxValue 
 		return m, Permanent(errors.Join(errs...))
 	}
 	return m, nil
+}
+
+// isText reports whether b is UTF-8 without NUL bytes, which PostgreSQL's
+// text type refuses.
+func isText(b []byte) bool { return utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 }
+
+// secondValue returns a value of the named header that differs from first,
+// if the record has one.
+func secondValue(hs []kgo.RecordHeader, name string, first []byte) ([]byte, bool) {
+	for _, h := range hs {
+		if h.Key == name && !bytes.Equal(h.Value, first) {
+			return h.Value, true
+		}
+	}
+	return nil, false
 }

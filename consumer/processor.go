@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/dedupe"
 	"github.com/d419a114/outbox/internal/backoff"
@@ -73,6 +74,9 @@ func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error
 	if db == nil || h == nil {
 		return nil, errors.New("consumer: Handle needs a database and a handler")
 	}
+	if len(name) > outbox.MaxConsumerNameBytes {
+		return nil, fmt.Errorf("consumer: name is %d bytes, over the limit of %d (outbox.MaxConsumerNameBytes)", len(name), outbox.MaxConsumerNameBytes)
+	}
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -105,8 +109,8 @@ func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error
 		claimAdvance: `WITH claim AS (
     INSERT INTO ` + schema + `.processed_keys (consumer, key) VALUES ($1, $5) ON CONFLICT DO NOTHING RETURNING 1
 ), up AS (
-    UPDATE ` + schema + `.positions SET last_seq = $4, updated_at = now()
-    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND last_seq = $4 - 1
+    UPDATE ` + schema + `.positions SET last_seq = $4::bigint, updated_at = now()
+    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND last_seq = $4::bigint - 1
       AND EXISTS (SELECT 1 FROM claim)
     RETURNING parked
 )
@@ -194,36 +198,49 @@ func (p *Processor) process(ctx context.Context, m *Message) (Result, error) {
 // tries each record as often as single mode does; prior nil means a fresh
 // record.
 func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (Result, error) {
-	handlerRuns, attempt, err := 0, 0, prior
+	// attempt counts the tries that failed for the record's sake, toward
+	// MaxAttempts; transient counts those that failed for the database's,
+	// which never dead-letter: after MaxAttempts of them in a row the
+	// record is handed back undone.
+	handlerRuns, attempt, transient, err := 0, 0, 0, prior
 	if prior != nil {
 		handlerRuns, attempt = 1, 1
 	}
 	for {
 		if err != nil {
 			if ctx.Err() != nil {
-				return Result{}, ctx.Err()
+				return Result{}, notDone(ctx, m, "handler did not finish")
 			}
 			var gap *ordering.GapError
 			if errors.As(err, &gap) {
 				return Result{}, err
 			}
-			var ie *infraError
-			isInfra := errors.As(err, &ie)
-			if attempt >= p.cfg.MaxAttempts || (!isInfra && IsPermanent(err)) {
-				if isInfra {
+			tries := attempt
+			switch classify(err) {
+			case classTransient:
+				if transient++; transient >= p.cfg.MaxAttempts {
 					return Result{}, err
 				}
+				tries = transient
+			case classData:
 				return p.deadLetter(ctx, m, err, handlerRuns)
+			default:
+				if attempt >= p.cfg.MaxAttempts || IsPermanent(err) {
+					return p.deadLetter(ctx, m, err, handlerRuns)
+				}
+				transient = 0
 			}
 			p.log.WarnContext(ctx, "consumer: record failed, will retry",
 				slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
-				slog.Int("attempt", attempt), slog.String("error", err.Error()))
-			if err := sleep(ctx, p.backoff(attempt)); err != nil {
-				return Result{}, err
+				slog.Int("attempt", attempt), slog.Bool("transient", tries == transient), slog.String("error", err.Error()))
+			if sleep(ctx, p.backoff(tries)) != nil {
+				return Result{}, notDone(ctx, m, "not retried")
 			}
 		}
-		attempt++
-		m.Attempt = attempt
+		if classify(err) != classTransient {
+			attempt++
+		}
+		m.Attempt = attempt + transient
 		var (
 			res Result
 			ran bool
@@ -237,6 +254,16 @@ func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (
 			return res, nil
 		}
 	}
+}
+
+// notDone is the error for a record that ctx ended before it was done,
+// saying which record and whether a deadline or a cancel ended it.
+func notDone(ctx context.Context, m *Message, what string) error {
+	when := "before the context was cancelled"
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		when = "before the context's deadline"
+	}
+	return fmt.Errorf("consumer: record %s/%d@%d: %s %s: %w", m.Topic, m.Partition, m.Offset, what, when, ctx.Err())
 }
 
 // attemptOnce runs one transaction for m. ran says whether the handler ran.
@@ -278,9 +305,12 @@ func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, 
 // connectionLost turns an error that came with the loss of tx's connection
 // (the server restarted, the network failed) into an infrastructure error:
 // it says nothing about the record, which must not be dead-lettered for it.
+// A handler that timed out lost its connection because of its own deadline
+// (pgx closes a connection whose query is cancelled): that stays the
+// record's.
 func connectionLost(tx pgx.Tx, err error) error {
-	var ie *infraError
-	if errors.As(err, &ie) {
+	var te *HandlerTimeoutError
+	if isInfra(err) || errors.As(err, &te) {
 		return err
 	}
 	if tx.Conn().IsClosed() {
@@ -338,11 +368,21 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool
 	}
 	switch c.Verdict {
 	case ordering.Duplicate:
-		if p.cfg.GapPolicy != ordering.GapIgnore {
+		if p.cfg.GapPolicy == ordering.GapIgnore {
+			// Ignore: a late record is applied; dedupe vouched for it.
+			return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
+		}
+		reused := &SequenceReusedError{Aggregate: agg, Seq: m.Seq, Position: c.Last}
+		if p.cfg.FirstSeen == ordering.FirstSeenBaseline && !m.Replayed {
+			// The baseline skips what came before the consumer joined,
+			// which a late record below it may be; say so, and skip it.
+			p.log.InfoContext(ctx, "consumer: record below its aggregate's position skipped under FirstSeenBaseline",
+				slog.String("reason", reused.Error()))
 			return Result{Outcome: Duplicate}, false, nil
 		}
-		// Ignore: a late record is applied; dedupe vouched for it.
-		return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
+		// The key was fresh, so this is not a redelivery of the event
+		// that took this sequence: a different event reuses it.
+		return Result{}, false, Permanent(reused)
 	case ordering.Gap:
 		if c.Held || p.cfg.GapPolicy == ordering.GapPark {
 			ok, err := p.ordering.Park(ctx, tx, agg, m.Seq, m.Record, m.IdempotencyKey)
@@ -350,7 +390,9 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool
 				return Result{}, false, infra(err)
 			}
 			if !ok {
-				return Result{Outcome: Duplicate}, false, nil
+				// The key was fresh, so the record parked at this
+				// sequence is another event.
+				return Result{}, false, Permanent(&SequenceReusedError{Aggregate: agg, Seq: m.Seq, Position: c.Last, Parked: true})
 			}
 			p.log.InfoContext(ctx, "consumer: record parked behind a gap", slog.String("aggregate", agg.String()),
 				slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1), slog.Bool("held_by_dead_letter", c.Held))
@@ -411,6 +453,14 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 			if err := sp.Rollback(ctx); err != nil {
 				return infra(fmt.Errorf("consumer: roll back to savepoint: %w", err))
 			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if classify(herr) == classTransient {
+				// Not the parked record's fault: undo the whole
+				// transaction and hand the releasing record back.
+				return infra(fmt.Errorf("consumer: drain %s seq %d: %w", agg, m.Seq, herr))
+			}
 			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
 				break
 			}
@@ -436,8 +486,34 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 	})
 }
 
-// call runs the handler, turning a panic into a *PanicError.
-func (p *Processor) call(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+// call runs the handler with Config.HandlerTimeout, turning a panic into a
+// *PanicError and a handler that ran out of its time into a
+// *HandlerTimeoutError.
+func (p *Processor) call(ctx context.Context, tx pgx.Tx, m *Message) error {
+	hctx, cancel := p.handlerContext(ctx)
+	defer cancel()
+	err := p.callHandler(hctx, tx, m)
+	return p.timedOut(ctx, hctx, err)
+}
+
+// handlerContext is ctx with Config.HandlerTimeout, when there is one.
+func (p *Processor) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if p.cfg.HandlerTimeout < 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, p.cfg.HandlerTimeout)
+}
+
+// timedOut wraps err in a *HandlerTimeoutError when the handler's context
+// hctx ran out of time while ctx, its parent, did not.
+func (p *Processor) timedOut(ctx, hctx context.Context, err error) error {
+	if err != nil && ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
+		return &HandlerTimeoutError{Timeout: p.cfg.HandlerTimeout, Err: err}
+	}
+	return err
+}
+
+func (p *Processor) callHandler(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &PanicError{Value: r, Stack: debug.Stack()}
@@ -461,12 +537,29 @@ func (p *Processor) letter(m *Message, err error, attempts int) *deadletter.Lett
 
 // deadLetter writes m to the dead-letter table in its own transaction and,
 // when m is sequenced, holds its aggregate so that later records park
-// behind it.
+// behind it. A record that is already dealt with is a Duplicate instead:
+// its key is claimed (it was applied, or its letter discarded or replayed),
+// or its letter was resolved. So a malformed record that comes back does
+// not raise its letter from the dead.
 func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, attempts int) (Result, error) {
-	var id int64
+	var (
+		id  int64
+		dup bool
+	)
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
+		if m.IdempotencyKey != "" {
+			claimed, err := p.dedupe.Claimed(ctx, tx, m.IdempotencyKey)
+			if err != nil || claimed {
+				dup = claimed
+				return err
+			}
+		}
 		var err error
 		if id, err = p.dead.Put(ctx, tx, p.letter(m, cause, attempts)); err != nil {
+			if errors.Is(err, deadletter.ErrResolved) {
+				dup = true
+				return nil
+			}
 			return err
 		}
 		if m.HasSeq() {
@@ -475,7 +568,13 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, att
 		return nil
 	})
 	if err != nil {
-		return Result{}, fmt.Errorf("consumer: dead-letter record %s/%d@%d: %w", m.Topic, m.Partition, m.Offset, err)
+		return Result{}, infra(fmt.Errorf("consumer: dead-letter record %s/%d@%d: %w", m.Topic, m.Partition, m.Offset, err))
+	}
+	if dup {
+		p.log.InfoContext(ctx, "consumer: failed record was dealt with before; skipped as a duplicate",
+			slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
+			slog.String("error", cause.Error()))
+		return Result{Outcome: Duplicate, Attempts: attempts}, nil
 	}
 	p.log.ErrorContext(ctx, "consumer: record dead-lettered",
 		slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),

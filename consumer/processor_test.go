@@ -78,9 +78,13 @@ func TestProcessor(t *testing.T) {
 				// Redelivery of the whole stream, as after an offset reset.
 				res = processAll(t, p, mode.batch, rec("o-1", 1, "k1"), rec("o-2", 0, "k2"), rec("o-1", 2, "k3"))
 				require.Equal(t, []consumer.Outcome{consumer.Duplicate, consumer.Duplicate, consumer.Duplicate}, outcomes(res))
-				// The same sequence under a new key is still a duplicate.
+				// The same sequence under a new key is another event
+				// reusing it: dead-lettered, visibly, not a duplicate.
 				res = processAll(t, p, mode.batch, rec("o-1", 2, "k3-again"))
-				require.Equal(t, consumer.Duplicate, res[0].Outcome)
+				require.Equal(t, consumer.DeadLettered, res[0].Outcome)
+				var reused *consumer.SequenceReusedError
+				require.ErrorAs(t, res[0].Err, &reused)
+				require.ErrorContains(t, res[0].Err, "sequence 2 of order/o-1 is behind its aggregate's position 2")
 				rows, distinct := e.count(t)
 				require.Equal(t, 3, rows)
 				require.Equal(t, 3, distinct)
@@ -108,8 +112,10 @@ func TestProcessor(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, 1, n)
 				require.Equal(t, []int64{1, 2, 3, 4, 5, 7}, e.seqs(t, "o-1"))
+				// 6 comes after all, past the skip: dead-lettered, so
+				// that it is seen, and 8 goes on.
 				res = processAll(t, p, mode.batch, rec("o-1", 6, "a6"), rec("o-1", 8, "a8"))
-				require.Equal(t, []consumer.Outcome{consumer.Duplicate, consumer.Applied}, outcomes(res))
+				require.Equal(t, []consumer.Outcome{consumer.DeadLettered, consumer.Applied}, outcomes(res))
 			})
 
 			t.Run("PoisonRecordIsDeadLetteredAndHoldsOnlyItsAggregate", func(t *testing.T) {

@@ -16,6 +16,11 @@ import (
 // Resolve the earlier gap or dead letter first.
 var ErrNotNext = errors.New("consumer: an earlier sequence of the aggregate is still missing")
 
+// ErrSequencePassed is returned by Replay for a dead letter whose aggregate
+// has moved past its sequence (ResolveGap skipped it, or another event took
+// it): applying it now would break the aggregate's order. Discard it.
+var ErrSequencePassed = errors.New("consumer: the aggregate has moved past the letter's sequence")
+
 // Replay applies the open dead letter id again, in one transaction, through
 // the same path as a fresh record: the key is claimed, the sequence checked,
 // the handler run once (no retries: the operator sees the error), and the
@@ -40,6 +45,11 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 		}
 		m.Attempt, m.Replayed = 1, true
 		r, ran, err := p.apply(ctx, tx, m, true, nil)
+		var reused *SequenceReusedError
+		if errors.As(err, &reused) && !reused.Parked {
+			return fmt.Errorf("consumer: replay %d: its aggregate %s is at %d, past the letter's sequence %d (skipped by ResolveGap or applied by another event); nothing was applied: discard the letter instead: %w",
+				id, reused.Aggregate, reused.Position, reused.Seq, ErrSequencePassed)
+		}
 		if err != nil {
 			return fmt.Errorf("consumer: replay %d: %w", id, err)
 		}
@@ -101,12 +111,17 @@ func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 
 // ResolveGap gives up on the missing sequences of agg's open gap (those
 // below its lowest parked record) and applies the parked records that are
-// then in line, in one transaction. It refuses a gap that is a dead letter:
-// replay or discard that instead. It returns how many records it applied.
+// then in line, in one transaction. It returns how many records it
+// applied. It never skips an open dead letter: when the gap starts with
+// one, it refuses (replay or discard that letter instead), and when one
+// lies further inside the gap, it skips only the missing sequences below
+// the letter and stops there, applying nothing; the letter is then next in
+// line, for Replay or Discard.
 func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int, error) {
 	var (
 		n     int
 		found *ordering.OpenGap
+		to    int64
 	)
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
 		gaps, err := p.ordering.Gaps(ctx, tx)
@@ -121,11 +136,15 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 		if found == nil {
 			return fmt.Errorf("consumer: %s has no open gap", agg)
 		}
+		to = found.FirstParked - 1
 		if found.DeadLetterID != 0 {
-			return fmt.Errorf("consumer: the gap of %s is dead letter %d; replay or discard it", agg, found.DeadLetterID)
+			if found.DeadLetterSeq == found.Expected {
+				return fmt.Errorf("consumer: the gap of %s is dead letter %d (seq %d); replay or discard it", agg, found.DeadLetterID, found.DeadLetterSeq)
+			}
+			to = found.DeadLetterSeq - 1
 		}
-		moved, _, err := p.ordering.SkipTo(ctx, tx, agg, found.FirstParked-1)
-		if err != nil || !moved {
+		moved, _, err := p.ordering.SkipTo(ctx, tx, agg, to)
+		if err != nil || !moved || to < found.FirstParked-1 {
 			return err
 		}
 		n, err = p.drain(ctx, tx, agg)
@@ -134,7 +153,10 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 	if err != nil {
 		return 0, err
 	}
-	p.log.WarnContext(ctx, "consumer: gap resolved by skipping", "aggregate", agg.String(),
-		"skipped_from", found.Expected, "skipped_to", found.FirstParked-1, "drained", n)
+	attrs := []any{"aggregate", agg.String(), "skipped_from", found.Expected, "skipped_to", to, "drained", n}
+	if found.DeadLetterID != 0 {
+		attrs = append(attrs, "stopped_at_dead_letter", found.DeadLetterID)
+	}
+	p.log.WarnContext(ctx, "consumer: gap resolved by skipping", attrs...)
 	return n, nil
 }

@@ -78,6 +78,7 @@ type Config struct {
 // Store reads and writes dead letters. It is safe for concurrent use.
 type Store struct {
 	table string
+	put   string
 }
 
 // New returns a store.
@@ -86,7 +87,23 @@ func New(cfg *Config) *Store {
 	if cfg != nil && cfg.Schema != "" {
 		schema = cfg.Schema
 	}
-	return &Store{table: pgx.Identifier{schema}.Sanitize() + ".dead_letters"}
+	q := pgx.Identifier{schema}.Sanitize()
+	table := q + ".dead_letters"
+	return &Store{
+		table: table,
+		// The record's fingerprint is part of the unique key, so that a
+		// redelivered failure updates its letter and a different record at
+		// the same offset gets its own. WHERE keeps a resolved letter as it
+		// is: no row comes back for it.
+		put: `INSERT INTO ` + table + ` AS d (consumer, topic, kafka_partition, kafka_offset, record_key, value,
+    header_keys, header_values, record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts,
+    fingerprint)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, ` + q + `.record_fingerprint($5, $6, $7, $8))
+ON CONFLICT (consumer, topic, kafka_partition, kafka_offset, fingerprint) DO UPDATE
+SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error, stack = EXCLUDED.stack, last_failed_at = now()
+WHERE d.status = 'dead'
+RETURNING id`,
+	}
 }
 
 const columns = `id, consumer, topic, kafka_partition, kafka_offset, record_key, value, header_keys, header_values,
@@ -94,8 +111,12 @@ const columns = `id, consumer, topic, kafka_partition, kafka_offset, record_key,
     first_failed_at, last_failed_at, status, resolved_at`
 
 // Put stores l (its ID, times and Status are ignored) in tx and returns its
-// id. A letter for the same consumer and record already there is updated:
-// attempts add up, the error is the newest, and it is dead again.
+// id. A letter is one record: the same record (same consumer, place in the
+// topic, key, value and headers) failing again updates its open letter
+// (attempts add up, the error is the newest), and a different record at the
+// same place gets a letter of its own. A record whose letter was replayed or
+// discarded already is not stored again: Put returns an error wrapping
+// ErrResolved and changes nothing.
 func (s *Store) Put(ctx context.Context, tx Querier, l *Letter) (int64, error) {
 	if l.Consumer == "" || l.Record == nil {
 		return 0, errors.New("deadletter: put: letter needs a consumer and a record")
@@ -107,18 +128,13 @@ func (s *Store) Put(ctx context.Context, tx Querier, l *Letter) (int64, error) {
 		recTime = &r.Timestamp
 	}
 	var id int64
-	// The upsert keeps one row per record: a redelivered failure must not
-	// look like a second poison record to the operator.
-	err := tx.QueryRow(ctx, `INSERT INTO `+s.table+` AS d (consumer, topic, kafka_partition, kafka_offset, record_key, value,
-    header_keys, header_values, record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) DO UPDATE
-SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error, stack = EXCLUDED.stack,
-    last_failed_at = now(), status = 'dead', resolved_at = NULL
-RETURNING id`,
+	err := tx.QueryRow(ctx, s.put,
 		l.Consumer, recordsql.TextSafe(r.Topic), r.Partition, r.Offset, r.Key, r.Value, keys, values, recTime,
 		nullString(l.IdempotencyKey), aggField(l.AggregateType, l.Seq), aggField(l.AggregateID, l.Seq), nullSeq(l.Seq),
 		recordsql.TextSafe(l.Error), nullString(l.Stack), max(l.Attempts, 1)).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("deadletter: put: the record's letter was replayed or discarded: %w", ErrResolved)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("deadletter: put: %w", err)
 	}

@@ -48,6 +48,7 @@ type Store struct {
 	claimMany string
 	pruneSQL  string
 	release   string
+	claimed   string
 }
 
 // New returns the store of the named consumer. Consumers with different
@@ -87,6 +88,7 @@ func New(consumer string, cfg *Config) (*Store, error) {
 		claimSQL:  `INSERT INTO ` + table + ` (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
 		claimMany: `INSERT INTO ` + table + ` (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k ON CONFLICT DO NOTHING RETURNING key`,
 		release:   `DELETE FROM ` + table + ` WHERE consumer = $1 AND key = $2`,
+		claimed:   `SELECT EXISTS (SELECT 1 FROM ` + table + ` WHERE consumer = $1 AND key = $2)`,
 		// ctid batches keep each DELETE bounded; the BRIN index on
 		// processed_at finds the old block ranges.
 		pruneSQL: `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY(
@@ -144,6 +146,18 @@ func (s *Store) ClaimMany(ctx context.Context, tx Querier, keys []string) ([]boo
 		}
 	}
 	return out, nil
+}
+
+// Claimed reports whether key is claimed, by a committed transaction or by
+// tx itself.
+func (s *Store) Claimed(ctx context.Context, tx interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, key string) (bool, error) {
+	var ok bool
+	if err := tx.QueryRow(ctx, s.claimed, s.consumer, key).Scan(&ok); err != nil {
+		return false, fmt.Errorf("dedupe: look up key: %w", err)
+	}
+	return ok, nil
 }
 
 // Release removes the claim of key inside tx, so that the key can be

@@ -177,12 +177,12 @@ func New(consumer string, cfg *Config) (*Tracker, error) {
 		// exists at another sequence (or a concurrent transaction just
 		// created it), which leaves the slow path to classify.
 		advance: `WITH up AS (
-    UPDATE ` + pos + ` SET last_seq = $4, updated_at = now()
-    WHERE ` + key + ` AND last_seq = $4 - 1
+    UPDATE ` + pos + ` SET last_seq = $4::bigint, updated_at = now()
+    WHERE ` + key + ` AND last_seq = $4::bigint - 1
     RETURNING parked
 ), ins AS (
     INSERT INTO ` + pos + ` (consumer, aggregate_type, aggregate_id, last_seq)
-    SELECT $1, $2, $3, $4 WHERE ($4 = 1 OR $5) AND NOT EXISTS (SELECT 1 FROM up)
+    SELECT $1, $2, $3, $4::bigint WHERE ($4::bigint = 1 OR $5) AND NOT EXISTS (SELECT 1 FROM up)
     ON CONFLICT DO NOTHING
     RETURNING parked
 )
@@ -213,8 +213,9 @@ SELECT * FROM next`,
 		hold:    `INSERT INTO ` + pos + ` (consumer, aggregate_type, aggregate_id, last_seq) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
 		skipTo:  `UPDATE ` + pos + ` SET last_seq = $4, updated_at = now() WHERE ` + key + ` AND last_seq < $4 RETURNING parked`,
 		gaps: `SELECT p.aggregate_type, p.aggregate_id, p.last_seq, count(*), min(k.seq), min(k.parked_at),
-       (SELECT d.id FROM ` + dl + ` d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
-            AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq = p.last_seq + 1 LIMIT 1)
+       (SELECT ARRAY[d.id, d.aggregate_seq] FROM ` + dl + ` d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
+            AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq > p.last_seq AND d.aggregate_seq < min(k.seq)
+        ORDER BY d.aggregate_seq LIMIT 1)
 FROM ` + pos + ` p JOIN ` + parked + ` k USING (consumer, aggregate_type, aggregate_id)
 WHERE p.consumer = $1
 GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
@@ -383,11 +384,18 @@ func (t *Tracker) pop(ctx context.Context, tx Querier, agg Aggregate) (*Parked, 
 	return &p, nil
 }
 
-// Hold makes sure agg has a position, at seq-1 if it has none, so that
-// records after seq see a gap and are parked until seq is resolved. Call it
-// when seq is dead-lettered, in the dead letter's transaction.
+// Hold makes sure agg has a position, so that records after seq see a gap
+// and are parked until seq is resolved. Call it when seq is dead-lettered,
+// in the dead letter's transaction. A position it creates is where the
+// first-seen policy puts an aggregate never seen: 0 under FirstSeenStrict
+// (the sequences below seq are still owed, not skipped), seq-1 under
+// FirstSeenBaseline.
 func (t *Tracker) Hold(ctx context.Context, tx Querier, agg Aggregate, seq int64) error {
-	if _, err := tx.Exec(ctx, t.sql.hold, t.consumer, agg.Type, agg.ID, seq-1); err != nil {
+	start := int64(0)
+	if t.cfg.FirstSeen == FirstSeenBaseline {
+		start = seq - 1
+	}
+	if _, err := tx.Exec(ctx, t.sql.hold, t.consumer, agg.Type, agg.ID, start); err != nil {
 		return fmt.Errorf("ordering: hold %s: %w", agg, err)
 	}
 	return nil
@@ -421,9 +429,10 @@ type OpenGap struct {
 	Parked int
 	// Since is when the oldest of them was parked.
 	Since time.Time
-	// DeadLetterID is the open dead letter at Expected, when the gap is a
-	// dead-lettered record rather than a missing one; 0 otherwise.
-	DeadLetterID int64
+	// DeadLetterID is the lowest open dead letter inside the gap, at
+	// DeadLetterSeq (Expected when the gap is that record alone); 0 when
+	// the gap holds only missing records.
+	DeadLetterID, DeadLetterSeq int64
 }
 
 // Gaps lists the consumer's open gaps, oldest first.
@@ -435,14 +444,14 @@ func (t *Tracker) Gaps(ctx context.Context, db Querier) ([]OpenGap, error) {
 	var out []OpenGap
 	for rows.Next() {
 		var g OpenGap
-		var dl *int64
+		var dl []int64
 		if err := rows.Scan(&g.Aggregate.Type, &g.Aggregate.ID, &g.Last, &g.Parked, &g.FirstParked, &g.Since, &dl); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("ordering: list gaps: %w", err)
 		}
 		g.Expected = g.Last + 1
-		if dl != nil {
-			g.DeadLetterID = *dl
+		if len(dl) == 2 {
+			g.DeadLetterID, g.DeadLetterSeq = dl[0], dl[1]
 		}
 		out = append(out, g)
 	}

@@ -248,8 +248,8 @@ func TestTracker(t *testing.T) {
 		inTx(t, db, func(tx pgx.Tx) {
 			require.NoError(t, tr.Hold(ctx, tx, agg, 1))
 			_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("dead_letters")+` (consumer, topic, kafka_partition, kafka_offset,
-				header_keys, header_values, aggregate_type, aggregate_id, aggregate_seq, error, attempts)
-				VALUES ('svc', 't', 0, 0, '{}', '{}', $1, $2, 1, 'boom', 1)`, agg.Type, agg.ID)
+				header_keys, header_values, aggregate_type, aggregate_id, aggregate_seq, error, attempts, fingerprint)
+				VALUES ('svc', 't', 0, 0, '{}', '{}', $1, $2, 1, 'boom', 1, '\x00')`, agg.Type, agg.ID)
 			require.NoError(t, err)
 		})
 		c := check(t, tr, db, agg, 2)
