@@ -156,6 +156,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 		}
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer p.track(tx)()
 
 	// A key repeated in the batch is fresh at its first place only.
 	fresh := make(map[string]bool, len(freshKeys))

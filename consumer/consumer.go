@@ -137,18 +137,59 @@ func (c *Consumer) Run(ctx context.Context) error {
 				c.log.WarnContext(ctx, "consumer: fetch failed", slog.String("topic", topic), slog.Int("partition", int(partition)), slog.String("error", err.Error()))
 			}
 		})
-		c.round(ctx, work, fetches)
+		finished := c.roundWithin(ctx, work, fetches)
 		c.client.AllowRebalance()
-		if ctx.Err() != nil {
+		if !finished || ctx.Err() != nil {
 			return nil
 		}
 	}
 }
 
+// abandonAfter is how long Run waits, once ShutdownGrace is over and the
+// handlers' contexts are cancelled, for a handler that ignores its ctx.
+const abandonAfter = time.Second
+
+// roundWithin runs round and waits for it, except at shutdown: once work
+// ends (ShutdownGrace after ctx) it waits abandonAfter more, then ends the
+// database sessions of the transactions still open (the server rolls them
+// back, so nothing they did commits, and their records are redelivered)
+// and returns false without waiting for the handlers that hold them. Those
+// keep their goroutines until they return, and then find their
+// transactions gone; the round commits no offsets after that.
+func (c *Consumer) roundWithin(ctx, work context.Context, fetches kgo.Fetches) bool {
+	var abandoned atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.round(ctx, work, fetches, &abandoned)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-work.Done():
+	}
+	t := time.NewTimer(abandonAfter)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+	}
+	abandoned.Store(true)
+	pids := c.proc.inFlight()
+	c.log.ErrorContext(ctx, "consumer: handlers did not return after ShutdownGrace and the cancel of their contexts; rolling back their transactions and returning without them",
+		slog.Duration("shutdown_grace", c.cfg.ShutdownGrace), slog.Int("transactions", len(pids)))
+	if err := c.proc.terminate(context.WithoutCancel(ctx), pids); err != nil {
+		c.log.ErrorContext(ctx, "consumer: could not end the sessions of abandoned transactions; they end when their handlers return",
+			slog.String("error", err.Error()))
+	}
+	return false
+}
+
 // round processes one poll's records, one goroutine per partition, then
-// marks and commits what was done. It returns when every partition's
-// goroutine has.
-func (c *Consumer) round(ctx, work context.Context, fetches kgo.Fetches) {
+// marks and commits what was done, unless Run abandoned it. It returns when
+// every partition's goroutine has.
+func (c *Consumer) round(ctx, work context.Context, fetches kgo.Fetches, abandoned *atomic.Bool) {
 	var parts [][]*kgo.Record
 	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
 		if len(p.Records) > 0 {
@@ -198,7 +239,7 @@ func (c *Consumer) round(ctx, work context.Context, fetches kgo.Fetches) {
 			marks = append(marks, r)
 		}
 	}
-	if len(marks) == 0 {
+	if len(marks) == 0 || abandoned.Load() {
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

@@ -399,3 +399,54 @@ func TestTransientErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestRunAbandonsAHandlerThatIgnoresItsContext: Run returns soon after
+// ShutdownGrace even when a handler never looks at its ctx, and the
+// handler's transaction is rolled back, holding no lock.
+func TestRunAbandonsAHandlerThatIgnoresItsContext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newGroupBundle(t, 1)
+	entered, release, returned := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		close(entered)
+		<-release // ignores ctx
+		close(returned)
+		return nil
+	})
+	cfg := fastConfig(b.db, 1)
+	cfg.ShutdownGrace = 50 * time.Millisecond
+	b.produce(t, rec("o", 1, "stuck"))
+	cl := b.client(t, b.group)
+	c, err := consumer.New(b.db.Pool, cl, "svc", h, cfg)
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	<-entered
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run waited for a handler that ignores its ctx")
+	}
+	select {
+	case <-returned:
+		t.Fatal("the handler returned: the test proves nothing")
+	default:
+	}
+	// The abandoned transaction had claimed the key; its session is gone,
+	// so the claim is free.
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`)
+	require.NoError(t, err)
+	tag, err := tx.Exec(ctx, `INSERT INTO `+b.db.Table("processed_keys")+` (consumer, key) VALUES ('svc', 'stuck')`)
+	require.NoError(t, err, "the abandoned transaction still holds the key")
+	require.EqualValues(t, 1, tag.RowsAffected())
+	require.NoError(t, tx.Rollback(ctx))
+	close(release)
+	<-returned
+	cl.Close()
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,6 +58,11 @@ type Processor struct {
 	ordering *ordering.Tracker
 	dead     *deadletter.Store
 	log      *slog.Logger
+	// open holds the backend pids of the transactions that attemptOnce and
+	// batchOnce have open, for Run to end when it abandons them; any
+	// goroutine, under openMu.
+	openMu sync.Mutex
+	open   map[uint32]int
 	// claimAdvance is the hot path's one statement; see Handle. claimOnly
 	// is its counterpart for records without a sequence. claimMany and
 	// advanceMany are batch mode's; see ProcessBatch.
@@ -92,7 +98,7 @@ func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error
 	schema := pgx.Identifier{c.Schema}.Sanitize()
 	bh, _ := h.(BatchHandler)
 	return &Processor{
-		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o,
+		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, open: map[uint32]int{},
 		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim of the key and the move of the position in one
@@ -289,6 +295,7 @@ func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, 
 		}
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer p.track(tx)()
 	res, ran, err := p.apply(ctx, tx, m, true, pre)
 	if err != nil {
 		return Result{}, ran, connectionLost(tx, err)
@@ -580,6 +587,50 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, att
 		slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
 		slog.Int64("dead_letter_id", id), slog.Int("attempts", attempts), slog.String("error", cause.Error()))
 	return Result{Outcome: DeadLettered, DeadLetterID: id, Attempts: attempts, Err: cause}, nil
+}
+
+// track records tx as open until the returned function runs.
+func (p *Processor) track(tx pgx.Tx) func() {
+	pid := tx.Conn().PgConn().PID()
+	p.openMu.Lock()
+	p.open[pid]++
+	p.openMu.Unlock()
+	return func() {
+		p.openMu.Lock()
+		if p.open[pid]--; p.open[pid] <= 0 {
+			delete(p.open, pid)
+		}
+		p.openMu.Unlock()
+	}
+}
+
+// inFlight returns the backend pids of the open transactions.
+func (p *Processor) inFlight() []uint32 {
+	p.openMu.Lock()
+	defer p.openMu.Unlock()
+	pids := make([]uint32, 0, len(p.open))
+	for pid := range p.open {
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// terminate ends the database sessions pids, which rolls back their
+// transactions on the server.
+func (p *Processor) terminate(ctx context.Context, pids []uint32) error {
+	if len(pids) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ids := make([]int64, len(pids))
+	for i, pid := range pids {
+		ids[i] = int64(pid)
+	}
+	return pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, ids)
+		return err
+	})
 }
 
 func (p *Processor) backoff(attempt int) time.Duration {
