@@ -125,6 +125,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.PruneInterval > 0 {
 		wg.Go(func() { c.pruneLoop(pruneCtx) })
 	}
+	// The drainer stops with ctx: what it has not committed is rolled back
+	// and drained again at the next start. A handler of its that ignores
+	// its ctx is abandoned like a round's.
+	drainCtx, stopDrain := context.WithCancel(ctx)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		c.drainLoop(drainCtx)
+	}()
+	defer c.stopDrainer(ctx, stopDrain, drained)
 
 	for {
 		fetches := c.client.PollRecords(ctx, c.cfg.MaxPollRecords)
@@ -184,6 +194,23 @@ func (c *Consumer) roundWithin(ctx, work context.Context, fetches kgo.Fetches) b
 			slog.String("error", err.Error()))
 	}
 	return false
+}
+
+// stopDrainer cancels the drainer and waits for it, at most abandonAfter,
+// then ends the sessions of whatever transactions are still open.
+func (c *Consumer) stopDrainer(ctx context.Context, stop context.CancelFunc, drained <-chan struct{}) {
+	stop()
+	t := time.NewTimer(abandonAfter)
+	defer t.Stop()
+	select {
+	case <-drained:
+		return
+	case <-t.C:
+	}
+	if err := c.proc.terminate(context.WithoutCancel(ctx), c.proc.inFlight()); err != nil {
+		c.log.ErrorContext(ctx, "consumer: could not end the sessions of the drainer's transactions; they end when its handler returns",
+			slog.String("error", err.Error()))
+	}
 }
 
 // round processes one poll's records, one goroutine per partition, then

@@ -63,6 +63,8 @@ type Processor struct {
 	// goroutine, under openMu.
 	openMu sync.Mutex
 	open   map[uint32]int
+	// ready wakes Consumer.Run's drainer; see readyToDrain.
+	ready chan struct{}
 	// claimAdvance is the hot path's one statement; see Handle. claimOnly
 	// is its counterpart for records without a sequence. claimMany and
 	// advanceMany are batch mode's; see ProcessBatch.
@@ -98,7 +100,7 @@ func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error
 	schema := pgx.Identifier{c.Schema}.Sanitize()
 	bh, _ := h.(BatchHandler)
 	return &Processor{
-		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, open: map[uint32]int{},
+		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, open: map[uint32]int{}, ready: make(chan struct{}, 1),
 		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim of the key and the move of the position in one
@@ -257,6 +259,14 @@ func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (
 		}
 		if err == nil {
 			res.Attempts = handlerRuns
+			if res.Drained == drainChunk {
+				n, err := p.drainRest(ctx, m.aggregate())
+				res.Drained += n
+				if err != nil {
+					p.log.WarnContext(ctx, "consumer: record applied, but draining the rest of its aggregate's parked records failed; DrainReady, which Run calls, applies them later",
+						slog.String("aggregate", m.aggregate().String()), slog.String("error", err.Error()))
+				}
+			}
 			return res, nil
 		}
 	}
@@ -430,67 +440,6 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool
 		res.Drained = n
 	}
 	return res, true, nil
-}
-
-// drain applies agg's parked records that are now in line, each in a
-// savepoint with its own retries, so that a failing successor is
-// dead-lettered alone (in tx) and holds the rest, instead of undoing the
-// record that released it. Draining is rare; the savepoints cost nothing on
-// the hot path.
-func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate) (int, error) {
-	return p.ordering.Drain(ctx, tx, agg, func(ctx context.Context, pk *ordering.Parked) error {
-		m, perr := parse(pk.Record, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
-		m.IdempotencyKey = pk.IdempotencyKey
-		m.Seq, m.AggregateType, m.AggregateID = pk.Seq, agg.Type, agg.ID
-		herr := perr
-		runs := 0
-		for attempt := 1; herr == nil; attempt++ {
-			m.Attempt = attempt
-			sp, err := tx.Begin(ctx)
-			if err != nil {
-				return infra(fmt.Errorf("consumer: open savepoint: %w", err))
-			}
-			runs++
-			if herr = p.call(ctx, sp, m); herr == nil {
-				if err := sp.Commit(ctx); err != nil {
-					return infra(fmt.Errorf("consumer: release savepoint: %w", err))
-				}
-				return nil
-			}
-			if err := sp.Rollback(ctx); err != nil {
-				return infra(fmt.Errorf("consumer: roll back to savepoint: %w", err))
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if classify(herr) == classTransient {
-				// Not the parked record's fault: undo the whole
-				// transaction and hand the releasing record back.
-				return infra(fmt.Errorf("consumer: drain %s seq %d: %w", agg, m.Seq, herr))
-			}
-			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
-				break
-			}
-			if err := sleep(ctx, p.backoff(attempt)); err != nil {
-				return err
-			}
-			herr = nil
-		}
-		// Give up on it inside tx: out of parked, into dead letters, and its
-		// key released so that a replay can claim it.
-		id, err := p.dead.Put(ctx, tx, p.letter(m, herr, runs))
-		if err != nil {
-			return infra(err)
-		}
-		if m.IdempotencyKey != "" {
-			if err := p.dedupe.Release(ctx, tx, m.IdempotencyKey); err != nil {
-				return infra(err)
-			}
-		}
-		p.log.ErrorContext(ctx, "consumer: parked record dead-lettered", slog.String("aggregate", agg.String()),
-			slog.Int64("seq", m.Seq), slog.Int64("dead_letter_id", id), slog.String("error", herr.Error()))
-		return ordering.ErrStopDrain
-	})
 }
 
 // call runs the handler with Config.HandlerTimeout, turning a panic into a

@@ -24,7 +24,9 @@ var ErrSequencePassed = errors.New("consumer: the aggregate has moved past the l
 // Replay applies the open dead letter id again, in one transaction, through
 // the same path as a fresh record: the key is claimed, the sequence checked,
 // the handler run once (no retries: the operator sees the error), and the
-// successors parked behind it drained in order. The letter is marked
+// successors parked behind it drained in order: the first 50 in the same
+// transaction, the rest afterwards by DrainReady (which Consumer.Run calls;
+// Replay does not wait for them). The letter is marked
 // replayed in the same transaction, so a replay that succeeds applies the
 // effect exactly once (within the consumer's database), and one that fails
 // changes nothing. The record is parsed again with the current Config, so a
@@ -63,14 +65,16 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 		return Result{}, err
 	}
 	p.log.InfoContext(ctx, "consumer: dead letter replayed", "dead_letter_id", id, "outcome", res.Outcome.String(), "drained", res.Drained)
+	p.afterRelease(res.Drained)
 	return res, nil
 }
 
 // Discard gives up on the open dead letter id for good: its key is claimed
 // (so a redelivery is skipped as a duplicate), and when it is sequenced its
 // aggregate's position moves past it as if it had been applied, releasing
-// the successors parked behind it, which are applied in order in the same
-// transaction. It returns how many were applied.
+// the successors parked behind it, which are applied in order: the first 50
+// in the same transaction, the rest afterwards by DrainReady, as for
+// Replay. It returns how many it applied itself.
 func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 	drained := 0
 	err := p.dead.Discard(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
@@ -106,13 +110,14 @@ func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 		return 0, err
 	}
 	p.log.InfoContext(ctx, "consumer: dead letter discarded", "dead_letter_id", id, "drained", drained)
+	p.afterRelease(drained)
 	return drained, nil
 }
 
 // ResolveGap gives up on the missing sequences of agg's open gap (those
 // below its lowest parked record) and applies the parked records that are
-// then in line, in one transaction. It returns how many records it
-// applied. It never skips an open dead letter: when the gap starts with
+// then in line: the first 50 in one transaction, the rest afterwards by
+// DrainReady, as for Replay. It returns how many records it applied itself. It never skips an open dead letter: when the gap starts with
 // one, it refuses (replay or discard that letter instead), and when one
 // lies further inside the gap, it skips only the missing sequences below
 // the letter and stops there, applying nothing; the letter is then next in
@@ -158,5 +163,15 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 		attrs = append(attrs, "stopped_at_dead_letter", found.DeadLetterID)
 	}
 	p.log.WarnContext(ctx, "consumer: gap resolved by skipping", attrs...)
+	p.afterRelease(n)
 	return n, nil
+}
+
+// afterRelease wakes the drainer when an operator action drained a full
+// chunk: more successors may be in line, and the action does not wait for
+// them.
+func (p *Processor) afterRelease(drained int) {
+	if drained == drainChunk {
+		p.readyToDrain()
+	}
 }

@@ -43,7 +43,7 @@ func Example() {
 				_, err = tracker.Park(ctx, tx, order, seq, &kgo.Record{Topic: "orders"}, "")
 			case ordering.InOrder:
 				apply(seq)
-				_, err = tracker.Drain(ctx, tx, order, func(_ context.Context, p *ordering.Parked) error {
+				_, err = tracker.Drain(ctx, tx, order, 0, func(_ context.Context, p *ordering.Parked) error {
 					apply(p.Seq)
 					return nil
 				})

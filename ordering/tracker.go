@@ -144,7 +144,7 @@ type Tracker struct {
 }
 
 type statements struct {
-	advance, lock, held, park, bumpParked, pop, setLast, hold, skipTo, gaps string
+	advance, lock, held, park, bumpParked, pop, setLast, hold, skipTo, gaps, ready string
 }
 
 // New returns the tracker of the named consumer.
@@ -220,6 +220,9 @@ FROM ` + pos + ` p JOIN ` + parked + ` k USING (consumer, aggregate_type, aggreg
 WHERE p.consumer = $1
 GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
 ORDER BY min(k.parked_at), p.aggregate_type, p.aggregate_id`,
+		ready: `SELECT k.aggregate_type, k.aggregate_id FROM ` + parked + ` k JOIN ` + pos + ` p USING (consumer, aggregate_type, aggregate_id)
+WHERE k.consumer = $1 AND k.seq = p.last_seq + 1
+ORDER BY k.parked_at LIMIT $2`,
 	}}, nil
 }
 
@@ -333,12 +336,14 @@ var ErrStopDrain = errors.New("ordering: stop draining")
 
 // Drain applies agg's parked records that are next in line, in sequence
 // order, inside tx: it takes each out of the parked table, calls apply, and
-// moves the position to it. It stops at the first missing sequence, when
-// apply returns ErrStopDrain, or at apply's first other error (which it
-// returns; the caller should roll back). It returns how many it applied.
-func (t *Tracker) Drain(ctx context.Context, tx Querier, agg Aggregate, apply func(context.Context, *Parked) error) (int, error) {
+// moves the position to it. It stops at the first missing sequence, after
+// limit records when limit is above 0, when apply returns ErrStopDrain, or
+// at apply's first other error (which it returns; the caller should roll
+// back). It returns how many it applied; a caller that bounds its
+// transactions drains again, in a new one, while that count reaches limit.
+func (t *Tracker) Drain(ctx context.Context, tx Querier, agg Aggregate, limit int, apply func(context.Context, *Parked) error) (int, error) {
 	n := 0
-	for {
+	for limit <= 0 || n < limit {
 		p, err := t.pop(ctx, tx, agg)
 		if err != nil || p == nil {
 			return n, err
@@ -354,6 +359,45 @@ func (t *Tracker) Drain(ctx context.Context, tx Querier, agg Aggregate, apply fu
 		}
 		n++
 	}
+	return n, nil
+}
+
+// Lock takes the row lock on agg's position until tx ends, so that a drain
+// in tx does not race another transaction on the aggregate. It reports
+// whether the aggregate has a position.
+func (t *Tracker) Lock(ctx context.Context, tx Querier, agg Aggregate) (bool, error) {
+	var (
+		last   int64
+		parked int
+	)
+	err := tx.QueryRow(ctx, t.sql.lock, t.consumer, agg.Type, agg.ID).Scan(&last, &parked)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("ordering: lock position of %s: %w", agg, err)
+	}
+	return true, nil
+}
+
+// Ready lists up to limit aggregates whose next parked record is in line
+// (its sequence follows the position) although nothing is draining it: a
+// drain bounded by its limit, or one whose process stopped between two
+// transactions, left it there. Drain each, under Lock, oldest first.
+func (t *Tracker) Ready(ctx context.Context, db Querier, limit int) ([]Aggregate, error) {
+	rows, err := db.Query(ctx, t.sql.ready, t.consumer, limit)
+	if err != nil {
+		return nil, fmt.Errorf("ordering: list aggregates ready to drain: %w", err)
+	}
+	aggs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Aggregate, error) {
+		var a Aggregate
+		err := r.Scan(&a.Type, &a.ID)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ordering: list aggregates ready to drain: %w", err)
+	}
+	return aggs, nil
 }
 
 func (t *Tracker) pop(ctx context.Context, tx Querier, agg Aggregate) (*Parked, error) {

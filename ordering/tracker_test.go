@@ -152,7 +152,7 @@ func TestTracker(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, ordering.InOrder, c.Verdict)
 			require.Equal(t, 3, c.Parked)
-			n, err := tr.Drain(ctx, tx, agg, func(_ context.Context, p *ordering.Parked) error {
+			n, err := tr.Drain(ctx, tx, agg, 0, func(_ context.Context, p *ordering.Parked) error {
 				require.Equal(t, []kgo.RecordHeader{{Key: "bin", Value: []byte{0, 0xff, 0xfe}}}, p.Record.Headers)
 				require.Equal(t, []byte{byte(p.Seq)}, p.Record.Value)
 				applied = append(applied, p.Seq)
@@ -179,7 +179,7 @@ func TestTracker(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, moved)
 			require.Equal(t, 1, parked)
-			_, err = tr.Drain(ctx, tx, agg, func(_ context.Context, p *ordering.Parked) error {
+			_, err = tr.Drain(ctx, tx, agg, 0, func(_ context.Context, p *ordering.Parked) error {
 				applied = append(applied, p.Seq)
 				return nil
 			})
@@ -190,6 +190,50 @@ func TestTracker(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, gaps)
 		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 7).Verdict)
+	})
+
+	t.Run("DrainStopsAtItsLimitAndReadyFindsTheRest", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		for s := int64(2); s <= 6; s++ {
+			park(t, tr, db, s)
+		}
+		ready, err := tr.Ready(ctx, db.Pool, 10)
+		require.NoError(t, err)
+		require.Empty(t, ready, "seq 1 is missing: nothing is in line")
+		var applied []int64
+		drain := func(tx pgx.Tx) int {
+			ok, err := tr.Lock(ctx, tx, agg)
+			require.NoError(t, err)
+			require.True(t, ok)
+			n, err := tr.Drain(ctx, tx, agg, 2, func(_ context.Context, p *ordering.Parked) error {
+				applied = append(applied, p.Seq)
+				return nil
+			})
+			require.NoError(t, err)
+			return n
+		}
+		inTx(t, db, func(tx pgx.Tx) {
+			c, err := tr.Check(ctx, tx, agg, 1)
+			require.NoError(t, err)
+			require.Equal(t, ordering.InOrder, c.Verdict)
+			require.Equal(t, 2, drain(tx))
+		})
+		require.Equal(t, []int64{2, 3}, applied)
+		ready, err = tr.Ready(ctx, db.Pool, 10)
+		require.NoError(t, err)
+		require.Equal(t, []ordering.Aggregate{agg}, ready)
+		inTx(t, db, func(tx pgx.Tx) { require.Equal(t, 2, drain(tx)) })
+		inTx(t, db, func(tx pgx.Tx) { require.Equal(t, 1, drain(tx)) })
+		require.Equal(t, []int64{2, 3, 4, 5, 6}, applied)
+		ready, err = tr.Ready(ctx, db.Pool, 10)
+		require.NoError(t, err)
+		require.Empty(t, ready)
+		inTx(t, db, func(tx pgx.Tx) {
+			ok, err := tr.Lock(ctx, tx, ordering.Aggregate{Type: "order", ID: "never-seen"})
+			require.NoError(t, err)
+			require.False(t, ok)
+		})
 	})
 
 	t.Run("ParkingTheSameSequenceTwiceIsADuplicate", func(t *testing.T) {
@@ -215,7 +259,7 @@ func TestTracker(t *testing.T) {
 		inTx(t, db, func(tx pgx.Tx) {
 			_, err := tr.Check(ctx, tx, agg, 2)
 			require.NoError(t, err)
-			n, err := tr.Drain(ctx, tx, agg, func(context.Context, *ordering.Parked) error { return ordering.ErrStopDrain })
+			n, err := tr.Drain(ctx, tx, agg, 0, func(context.Context, *ordering.Parked) error { return ordering.ErrStopDrain })
 			require.NoError(t, err)
 			require.Zero(t, n)
 		})
@@ -238,7 +282,7 @@ func TestTracker(t *testing.T) {
 		defer func() { _ = tx.Rollback(ctx) }()
 		_, err = tr.Check(ctx, tx, agg, 2)
 		require.NoError(t, err)
-		_, err = tr.Drain(ctx, tx, agg, func(context.Context, *ordering.Parked) error { return boom })
+		_, err = tr.Drain(ctx, tx, agg, 0, func(context.Context, *ordering.Parked) error { return boom })
 		require.ErrorIs(t, err, boom)
 	})
 

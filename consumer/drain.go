@@ -1,0 +1,188 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/d419a114/outbox/ordering"
+)
+
+// drainChunk bounds the parked records one transaction drains. Each takes a
+// savepoint, and past 64 subtransactions in one transaction PostgreSQL
+// slows every session's snapshots; a long-held aggregate is released in
+// transactions of drainChunk records that each resume where the last one
+// stopped.
+const drainChunk = 50
+
+// drainSweep is how often Consumer.Run looks for parked records left in
+// line, by another process's Replay, Discard or ResolveGap or by a process
+// that stopped between two chunks.
+const drainSweep = time.Minute
+
+// drain applies up to drainChunk of agg's parked records that are now in
+// line, each in a savepoint with its own retries, so that a failing
+// successor is dead-lettered alone (in tx) and holds the rest, instead of
+// undoing the record that released it. Draining is rare; the savepoints
+// cost nothing on the hot path. When it returns drainChunk, more may be in
+// line: drainRest takes them in transactions of their own.
+func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate) (int, error) {
+	return p.ordering.Drain(ctx, tx, agg, drainChunk, func(ctx context.Context, pk *ordering.Parked) error {
+		m, perr := parse(pk.Record, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+		m.IdempotencyKey = pk.IdempotencyKey
+		m.Seq, m.AggregateType, m.AggregateID = pk.Seq, agg.Type, agg.ID
+		herr := perr
+		runs := 0
+		for attempt := 1; herr == nil; attempt++ {
+			m.Attempt = attempt
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return infra(fmt.Errorf("consumer: open savepoint: %w", err))
+			}
+			runs++
+			if herr = p.call(ctx, sp, m); herr == nil {
+				if err := sp.Commit(ctx); err != nil {
+					return infra(fmt.Errorf("consumer: release savepoint: %w", err))
+				}
+				return nil
+			}
+			if err := sp.Rollback(ctx); err != nil {
+				return infra(fmt.Errorf("consumer: roll back to savepoint: %w", err))
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if classify(herr) == classTransient {
+				// Not the parked record's fault: undo the whole
+				// transaction and hand the releasing record back.
+				return infra(fmt.Errorf("consumer: drain %s seq %d: %w", agg, m.Seq, herr))
+			}
+			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
+				break
+			}
+			if err := sleep(ctx, p.backoff(attempt)); err != nil {
+				return err
+			}
+			herr = nil
+		}
+		// Give up on it inside tx: out of parked, into dead letters, and its
+		// key released so that a replay can claim it.
+		id, err := p.dead.Put(ctx, tx, p.letter(m, herr, runs))
+		if err != nil {
+			return infra(err)
+		}
+		if m.IdempotencyKey != "" {
+			if err := p.dedupe.Release(ctx, tx, m.IdempotencyKey); err != nil {
+				return infra(err)
+			}
+		}
+		p.log.ErrorContext(ctx, "consumer: parked record dead-lettered", slog.String("aggregate", agg.String()),
+			slog.Int64("seq", m.Seq), slog.Int64("dead_letter_id", id), slog.String("error", herr.Error()))
+		return ordering.ErrStopDrain
+	})
+}
+
+// drainRest applies the rest of agg's in-line parked records after a drain
+// that stopped at drainChunk, one transaction per chunk, until a chunk
+// comes back short. It returns how many it applied.
+func (p *Processor) drainRest(ctx context.Context, agg ordering.Aggregate) (int, error) {
+	total := 0
+	for {
+		n, err := p.drainOnce(ctx, agg)
+		total += n
+		if err != nil || n < drainChunk {
+			return total, err
+		}
+	}
+}
+
+// drainOnce drains one chunk of agg in a transaction of its own, holding
+// the aggregate's position so that it does not race a record of the
+// aggregate being processed meanwhile.
+func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int, error) {
+	n := 0
+	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
+		defer p.track(tx)()
+		ok, err := p.ordering.Lock(ctx, tx, agg)
+		if err != nil || !ok {
+			return err
+		}
+		n, err = p.drain(ctx, tx, agg)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("consumer: drain parked records of %s: %w", agg, err)
+	}
+	return n, nil
+}
+
+// DrainReady applies the parked records that are next in line while no
+// transaction drains them, and returns how many it applied. They are left
+// by a release too long for one transaction: Replay, Discard and ResolveGap
+// apply the first 50 successors and return, and a process that stops
+// between two chunks leaves the rest. DrainReady works in transactions of
+// at most 50 records each, oldest aggregate first. Consumer.Run calls it
+// when it starts, after such an operator action in its own process, and
+// every minute; a poll loop of one's own around Process should call it as
+// well.
+func (p *Processor) DrainReady(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		var aggs []ordering.Aggregate
+		err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
+			var err error
+			aggs, err = p.ordering.Ready(ctx, tx, 100)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("consumer: %w", err)
+		}
+		round := 0
+		for _, agg := range aggs {
+			n, err := p.drainRest(ctx, agg)
+			round += n
+			if err != nil {
+				return total + round, err
+			}
+		}
+		total += round
+		if round == 0 {
+			return total, nil
+		}
+	}
+}
+
+// readyToDrain tells Consumer.Run, if one runs with p, that an operator
+// action left parked records in line.
+func (p *Processor) readyToDrain() {
+	select {
+	case p.ready <- struct{}{}:
+	default:
+	}
+}
+
+// drainLoop runs DrainReady at start, when an operator action asks for it,
+// and every drainSweep, until ctx ends.
+func (c *Consumer) drainLoop(ctx context.Context) {
+	t := time.NewTicker(drainSweep)
+	defer t.Stop()
+	for {
+		n, err := c.proc.DrainReady(ctx)
+		if n > 0 {
+			c.log.InfoContext(ctx, "consumer: drained parked records left in line", slog.Int("records", n))
+		}
+		if err != nil && ctx.Err() == nil {
+			c.log.WarnContext(ctx, "consumer: draining parked records failed; retrying at the next sweep",
+				slog.Duration("sweep", drainSweep), slog.String("error", err.Error()))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.proc.ready:
+		}
+	}
+}
