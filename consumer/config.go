@@ -67,8 +67,11 @@ type Config struct {
 	// 1h; negative disables pruning.
 	PruneInterval time.Duration
 	// ShutdownGrace is how long the Consumer lets records in flight finish
-	// after its context ends; then their transactions are cancelled (rolled
-	// back, offsets not committed: they are redelivered). Default 10s.
+	// after its context ends; then their handlers' contexts are cancelled,
+	// their transactions roll back and their offsets are not committed, so
+	// they are redelivered. A handler that ignores its ctx gets one second
+	// more; then Run ends its transaction's database session (the server
+	// rolls it back) and returns without waiting for it. Default 10s.
 	ShutdownGrace time.Duration
 	// Hooks observes every record's outcome, for metrics and tracing
 	// adapters. Default nil.
