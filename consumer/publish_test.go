@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/ordering"
@@ -39,8 +41,13 @@ type publisher struct {
 
 func newPublisher(t *testing.T, db *pgtest.DB) *publisher {
 	t.Helper()
+	return publisherOf(newEffects(t, db))
+}
+
+// publisherOf is a publisher that writes its effects with e, in e's schema.
+func publisherOf(e *effects) *publisher {
 	return &publisher{
-		effects: newEffects(t, db), w: producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}),
+		effects: e, w: producer.NewWriter(&producer.WriterConfig{Schema: e.db.Schema}),
 		failAfter: map[string]int{}, writes: map[string]int{},
 	}
 }
@@ -337,6 +344,41 @@ func TestHandlersThatPublish(t *testing.T) {
 					bySeq[string(r.Key)] = append(bySeq[string(r.Key)], string(r.Value))
 				}
 				require.Equal(t, map[string][]string{"a": {"a1", "a2", "a3"}, "b": {"b1"}}, bySeq)
+			})
+
+			// The same through the runner, which in batch mode also puts a
+			// small poll of several partitions in one transaction: every
+			// record delivered twice, one failing once after its Write, one
+			// poison. Each applied input's event is there once, in order.
+			t.Run("ConsumerGroupPublishes", func(t *testing.T) {
+				t.Parallel()
+				b := newGroupBundle(t, 3)
+				pub := publisherOf(b.effects)
+				pub.setFailAfter("agg-1-3", 1)
+				pub.setFailAfter("agg-2-5", -1)
+				b.produce(t, stream(6, 60)...)
+				b.produce(t, stream(6, 60)...)
+				b.start(t, pub.handler(md), fastConfig(b.db, md.batch))
+				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 120 }, "all offsets committed")
+
+				want := map[string][]string{}
+				var keys []string
+				for seq := 1; seq <= 10; seq++ {
+					for a := range 6 {
+						if a == 2 && seq >= 5 {
+							continue // the poison and the records parked behind it
+						}
+						agg := fmt.Sprintf("agg-%d", a)
+						key := fmt.Sprintf("%s-%d", agg, seq)
+						want[agg] = append(want[agg], key)
+						keys = append(keys, key)
+					}
+				}
+				count, bySeq := pub.outbox(t)
+				require.Equal(t, once(keys...), count)
+				require.Equal(t, want, bySeq)
+				require.GreaterOrEqual(t, pub.writesOf("agg-1-3"), 2)
+				require.GreaterOrEqual(t, pub.writesOf("agg-2-5"), 3)
 			})
 		})
 	}
