@@ -29,6 +29,12 @@ import (
 type publisher struct {
 	*effects
 	w *producer.Writer
+	// to, when set before the handler runs, names the shipment a
+	// message's event is about; default the message's own aggregate id.
+	to func(*consumer.Message) string
+	// wrote, when set before the handler runs, is called by Handle after
+	// each Write that succeeded.
+	wrote func(*consumer.Message)
 
 	mu sync.Mutex
 	// failAfter makes that many more runs that reach a key fail after
@@ -52,11 +58,16 @@ func publisherOf(e *effects) *publisher {
 	}
 }
 
-// outgoing is the event a publisher writes for m: a shipment of the same
-// id, keyed by m's key so that each input's event can be found.
-func outgoing(m *consumer.Message) producer.Event {
+// outgoing is the event p writes for m: about a shipment of the same id
+// unless p.to says otherwise, keyed by m's key so that each input's event
+// can be found.
+func (p *publisher) outgoing(m *consumer.Message) producer.Event {
+	to := m.AggregateID
+	if p.to != nil {
+		to = p.to(m)
+	}
 	return producer.Event{
-		AggregateType: "shipment", AggregateID: m.AggregateID, EventType: "shipment.requested",
+		AggregateType: "shipment", AggregateID: to, EventType: "shipment.requested",
 		Payload: []byte(m.IdempotencyKey), IdempotencyKey: "out:" + m.IdempotencyKey,
 	}
 }
@@ -65,8 +76,11 @@ func (p *publisher) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) 
 	if err := p.effects.Handle(ctx, tx, m); err != nil {
 		return err
 	}
-	if _, err := p.w.Write(ctx, tx, outgoing(m)); err != nil {
+	if _, err := p.w.Write(ctx, tx, p.outgoing(m)); err != nil {
 		return err
+	}
+	if p.wrote != nil {
+		p.wrote(m)
 	}
 	return p.afterWrite(m)
 }
@@ -113,7 +127,7 @@ func (p batchPublisher) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consum
 	}
 	events := make([]producer.Event, len(ms))
 	for i, m := range ms {
-		events[i] = outgoing(m)
+		events[i] = p.outgoing(m)
 	}
 	if _, err := p.w.Write(ctx, tx, events...); err != nil {
 		return err
@@ -382,4 +396,92 @@ func TestHandlersThatPublish(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestPublishingBatchesThatDeadlock: Write locks the sequence row of each
+// aggregate it writes until the transaction ends, and in batch mode that is
+// the batch's commit. So two partitions' batches whose handlers write the
+// same shipments in opposite orders deadlock:
+//
+//  1. batch A writes x1's event about shipment X and holds X's row;
+//  2. batch B writes y1's event about shipment Y and holds Y's row;
+//  3. A writes x2's event about Y and waits for B; B writes y2's about X
+//     and waits for A.
+//
+// PostgreSQL aborts one of them (40P01). That is no record's fault: the
+// aborted batch is rolled back, events included, and its records are run
+// one by one once the other batch commits; nothing is dead-lettered and
+// each input's event exists once.
+func TestPublishingBatchesThatDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, nil)
+	pub := newPublisher(t, db)
+	shipment := map[string]string{"x1": "X", "x2": "Y", "y1": "Y", "y2": "X"}
+	pub.to = func(m *consumer.Message) string { return shipment[m.IdempotencyKey] }
+	// Steps 1 and 2 happen before step 3: each batch's first Write waits
+	// for the other's, once.
+	var (
+		mu       sync.Mutex
+		arrived  int
+		timedOut bool
+		both     = make(chan struct{})
+	)
+	pub.wrote = func(m *consumer.Message) {
+		if m.IdempotencyKey != "x1" && m.IdempotencyKey != "y1" {
+			return
+		}
+		mu.Lock()
+		arrived++
+		if arrived == 2 {
+			close(both)
+		}
+		first := arrived <= 2
+		mu.Unlock()
+		if !first {
+			return
+		}
+		select {
+		case <-both:
+		case <-time.After(30 * time.Second):
+			mu.Lock()
+			timedOut = true
+			mu.Unlock()
+		}
+	}
+	p, err := consumer.Handle(db.Pool, "shipping", pub, fastConfig(db, 2))
+	require.NoError(t, err)
+
+	batch := func(partition int32, recs ...*kgo.Record) []*kgo.Record {
+		for _, r := range recs {
+			r.Topic, r.Partition, r.Offset = "orders", partition, nextOffset.Add(1)
+		}
+		return recs
+	}
+	batches := [][]*kgo.Record{
+		batch(0, rec("x", 1, "x1"), rec("x", 2, "x2")),
+		batch(1, rec("y", 1, "y1"), rec("y", 2, "y2")),
+	}
+	type result struct {
+		res []consumer.Result
+		err error
+	}
+	results := make(chan result, len(batches))
+	for _, b := range batches {
+		go func() {
+			res, err := p.ProcessBatch(ctx, b)
+			results <- result{res, err}
+		}()
+	}
+	for range batches {
+		r := <-results
+		require.NoError(t, r.err)
+		require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied}, outcomes(r.res))
+	}
+	mu.Lock()
+	require.False(t, timedOut, "the two batches did not run side by side")
+	mu.Unlock()
+	require.Equal(t, 3, pub.writesOf("x1")+pub.writesOf("y1"), "one batch was aborted after its first Write and run again")
+	count, _ := pub.outbox(t)
+	require.Equal(t, once("x1", "x2", "y1", "y2"), count)
 }
