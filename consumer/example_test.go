@@ -13,6 +13,7 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/producer"
 )
 
 // Handle inside a poll loop you already have: each record is applied in
@@ -66,6 +67,101 @@ func ExampleHandle() {
 	// offset 1: applied (drained 1)
 	// offset 2: duplicate (drained 0)
 	// [paid packed]
+}
+
+// A handler that publishes: consume a record, apply its effect and write
+// the events it causes with producer.Write, all in the transaction the SDK
+// hands the handler. The events commit with the effect and the record's
+// key, or roll back with them: a redelivery publishes nothing more, and a
+// failed attempt leaves no event behind. A producer.Relay on this database
+// then publishes what committed. The same handler works with ProcessBatch
+// and Config.BatchSize, and a BatchHandler can write a batch's events with
+// one Write call.
+func ExampleHandle_publish() {
+	ctx := context.Background()
+	db, closeDB, err := pgtest.Open(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() { _ = closeDB() }()
+	reservations := pgx.Identifier{db.Schema, "reservations"}.Sanitize()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+reservations+` (order_id text PRIMARY KEY)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// The outbox lives in the consumer's own database, here in the same
+	// schema as the consumer's tables.
+	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+	busy := true // the first try of o-2 fails after its Write
+	p, err := consumer.Handle(db.Pool, "warehouse", consumer.HandlerFunc(
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+reservations+` VALUES ($1)`, m.AggregateID); err != nil {
+				return err
+			}
+			_, err := w.Write(ctx, tx, producer.Event{
+				AggregateType: "shipment", AggregateID: m.AggregateID, EventType: "shipment.requested",
+				Payload: m.Value,
+				// Derived from the input's key, so that consumers of
+				// shipments can tell this event from any other.
+				IdempotencyKey: "shipment-for-" + m.IdempotencyKey,
+			})
+			if err != nil {
+				return err
+			}
+			if m.AggregateID == "o-2" && busy {
+				busy = false
+				return errors.New("carrier busy") // rolls back the reservation and the event
+			}
+			return nil
+		}), &consumer.Config{Schema: db.Schema, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Logger: quietLogger})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	record := func(offset int64, order string) *kgo.Record {
+		return &kgo.Record{Topic: "orders", Offset: offset, Key: []byte(order), Value: []byte(order + " paid"), Headers: []kgo.RecordHeader{
+			{Key: outbox.HeaderEventID, Value: []byte("paid-" + order)},
+			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
+			{Key: outbox.HeaderAggregateSeq, Value: []byte("1")},
+		}}
+	}
+	// o-1 arrives twice; o-2's first try fails.
+	for i, r := range []*kgo.Record{record(0, "o-1"), record(1, "o-1"), record(2, "o-2")} {
+		res, err := p.Process(ctx, r)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Printf("offset %d: %s after %d attempts\n", i, res.Outcome, res.Attempts)
+	}
+
+	rows, err := db.Pool.Query(ctx, `SELECT aggregate_id, aggregate_seq, idempotency_key, payload FROM `+
+		pgx.Identifier{db.Schema, "events"}.Sanitize()+` ORDER BY id`)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	var (
+		id, key string
+		seq     int64
+		payload []byte
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &seq, &key, &payload}, func() error {
+		fmt.Printf("outbox: shipment %s seq %d, key %s: %s\n", id, seq, key, payload)
+		return nil
+	})
+	if err != nil {
+		fmt.Println(err)
+	}
+	// Output:
+	// offset 0: applied after 1 attempts
+	// offset 1: duplicate after 0 attempts
+	// offset 2: applied after 2 attempts
+	// outbox: shipment o-1 seq 1, key shipment-for-paid-o-1: o-1 paid
+	// outbox: shipment o-2 seq 1, key shipment-for-paid-o-2: o-2 paid
 }
 
 // New runs a consumer group: records applied once, offsets committed after
