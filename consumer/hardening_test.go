@@ -242,6 +242,36 @@ func TestHostileInput(t *testing.T) {
 				}
 			})
 
+			// Item 8: a malformed record whose key an applied event claimed
+			// is a duplicate of that event, not a new letter.
+			t.Run("MalformedRecordWithAnAppliedKeyIsADuplicate", func(t *testing.T) {
+				t.Parallel()
+				p, e, db := setup(t, md, nil)
+				res := processAll(t, p, md.batch, rec("o", 1, "k1"))
+				require.Equal(t, consumer.Applied, res[0].Outcome)
+				again := setHeader(rec("o", 1, "k1"), outbox.HeaderOccurredAt, "yesterday")
+				res = processAll(t, p, 1, again)
+				require.Equal(t, consumer.Duplicate, res[0].Outcome)
+				letters, err := p.DeadLetters().List(ctx, db.Pool, nil)
+				require.NoError(t, err)
+				require.Empty(t, letters)
+				require.Equal(t, []int64{1}, e.seqs(t, "o"))
+			})
+
+			// Item 9: a new event at a sequence already applied is
+			// dead-lettered; the event that took it, redelivered, is a
+			// quiet duplicate.
+			t.Run("ANewKeyAtAnAppliedSequenceIsDeadLettered", func(t *testing.T) {
+				t.Parallel()
+				p, e, _ := setup(t, md, nil)
+				res := processAll(t, p, md.batch, rec("o", 1, "k1"), rec("o", 2, "k2"), rec("o", 1, "other1"), rec("o", 1, "k1"))
+				require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied, consumer.DeadLettered, consumer.Duplicate}, outcomes(res))
+				require.ErrorContains(t, res[2].Err, "sequence 1 of order/o is behind its aggregate's position 2")
+				var reused *consumer.SequenceReusedError
+				require.ErrorAs(t, res[2].Err, &reused)
+				require.Equal(t, []int64{1, 2}, e.seqs(t, "o"))
+			})
+
 			// Item 9: a new event at a sequence that is parked already, and
 			// a record with two different sequences.
 			t.Run("ReusedOrAmbiguousSequencesAreDeadLettered", func(t *testing.T) {
