@@ -21,6 +21,13 @@ var migrationFiles embed.FS
 // Config says otherwise.
 const DefaultSchema = "outbox"
 
+// baselineName is the file that holds versions 1 to 4 in one, and
+// baselineCovers the last version it stands for.
+const (
+	baselineName   = "0001_baseline.sql"
+	baselineCovers = 4
+)
+
 // partitionedLayout is the optional file that Migrate runs before version 1
 // when MigrateConfig.PartitionEventsByDay is set.
 const partitionedLayout = "partitioned_events.sql"
@@ -30,6 +37,9 @@ const partitionedLayout = "partitioned_events.sql"
 // versions to apply in order; partitioned_events.sql is the optional
 // day-partitioned events table, applied before 0001 when wanted. The files use
 // unqualified names: run them with search_path set to the target schema.
+// 0001_baseline.sql replaced the files 0001 to 0004 of earlier builds: a
+// schema they migrated is at version 4, and a tool that tracks versions by
+// number skips the baseline there, as Migrate does.
 func Migrations() fs.FS {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
@@ -118,7 +128,7 @@ func Migrate(ctx context.Context, db Beginner, cfg *MigrateConfig) ([]int, error
 	}
 	quoted := pgx.Identifier{schema}.Sanitize()
 
-	// Migrations read the tables they change (0004 lists failed events)
+	// Migrations read the tables they change (0005 fingerprints the dead letters)
 	// and must see everything committed before they took their locks,
 	// which READ COMMITTED gives and a transaction-wide snapshot does not.
 	// A pgx.Tx given as db runs them in a savepoint of its own transaction,
@@ -152,26 +162,35 @@ CREATE TABLE IF NOT EXISTS ` + quoted + `.schema_versions (
 	if _, err := tx.Exec(ctx, setup); err != nil {
 		return nil, fmt.Errorf("migrate: create schema %s: %w", quoted, err)
 	}
-	applied := map[int]bool{}
-	rows, err := tx.Query(ctx, `SELECT version FROM `+quoted+`.schema_versions`)
+	rows, err := tx.Query(ctx, `SELECT version, name FROM `+quoted+`.schema_versions`)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
 	}
-	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
+	applied := map[int]string{}
+	var (
+		version int
+		name    string
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&version, &name}, func() error {
+		applied[version] = name
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
 	}
-	for _, v := range versions {
-		applied[v] = true
+	if err := checkBaseline(quoted, applied); err != nil {
+		return nil, err
 	}
 	// SET LOCAL ends with the transaction, so the caller's connection keeps
 	// its own search_path.
 	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, quoted); err != nil {
 		return nil, fmt.Errorf("migrate: set search_path: %w", err)
 	}
-	var done []int
+	var (
+		done  []int
+		names = map[int]string{}
+	)
 	for _, m := range list {
-		if applied[m.Version] {
+		if _, ok := applied[m.Version]; ok {
 			continue
 		}
 		if m.Version == 1 && cfg.PartitionEventsByDay {
@@ -190,12 +209,31 @@ CREATE TABLE IF NOT EXISTS ` + quoted + `.schema_versions (
 			return nil, fmt.Errorf("migrate: record %s: %w", m.Name, err)
 		}
 		done = append(done, m.Version)
+		names[m.Version] = m.Name
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("migrate: commit: %w", err)
 	}
 	for _, v := range done {
-		logger.InfoContext(ctx, "outbox: applied migration", slog.String("schema", schema), slog.Int("version", v))
+		logger.InfoContext(ctx, "outbox: applied migration", slog.String("schema", schema), slog.Int("version", v), slog.String("file", names[v]))
 	}
 	return done, nil
+}
+
+// checkBaseline makes sure a schema migrated by the files the baseline
+// replaced went all the way: such a schema has version 1 under another name,
+// and only with versions 2 to 4 as well is it at the baseline's state. Until
+// then no file of this build can bring it there.
+func checkBaseline(quoted string, applied map[int]string) error {
+	first, ok := applied[1]
+	if !ok || first == baselineName {
+		return nil
+	}
+	for v := 2; v <= baselineCovers; v++ {
+		if _, ok := applied[v]; !ok {
+			return fmt.Errorf("migrate: schema %s stopped at version %d of the migration files that %s replaced; finish it to version %d with the build that started it (any build before the baseline), then run this one",
+				quoted, v-1, baselineName, baselineCovers)
+		}
+	}
+	return nil
 }

@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"io/fs"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox"
-	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 )
 
@@ -128,78 +126,25 @@ func TestMigrate(t *testing.T) {
 		})
 	}
 
-	t.Run("UpgradeListsEventsThatAlreadyFailed", func(t *testing.T) {
+	// A relay's role granted rights table by table, without any on
+	// retrying_events, must still be able to record a failure: the
+	// triggers run as the table's owner.
+	t.Run("TriggersWorkForARoleWithoutRightsOnRetryingEvents", func(t *testing.T) {
 		t.Parallel()
 		pool, schema := setup(t)
 		ctx := context.Background()
 		quoted := pgx.Identifier{schema}.Sanitize()
-		migrateTo(t, pool, schema, 3)
-		_, err := pool.Exec(ctx, `INSERT INTO `+quoted+`.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, attempts, published_at)
-			VALUES (gen_random_uuid(), 'a', 'order', 'o', 1, 'e', '\x00', 2, NULL), (gen_random_uuid(), 'b', 'order', 'o', 2, 'e', '\x00', 0, NULL),
-			       (gen_random_uuid(), 'c', 'order', 'p', 1, 'e', '\x00', 1, now())`)
+		_, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
 		require.NoError(t, err)
-		applied, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
-		require.NoError(t, err)
-		require.Equal(t, 4, applied[0])
-		var failed int64
-		require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM `+quoted+`.events WHERE idempotency_key = 'a'`).Scan(&failed))
-		require.Equal(t, []int64{failed}, retrying(t, pool, schema))
-	})
-
-	// A relay of the old version records a failure while 0004 runs: the
-	// failure must be listed, by the backfill or by the trigger, or the
-	// new relays would let the aggregate's next event overtake it.
-	t.Run("UpgradeListsAFailureRecordedMeanwhile", func(t *testing.T) {
-		t.Parallel()
-		pool, schema := setup(t)
-		ctx := context.Background()
-		quoted := pgx.Identifier{schema}.Sanitize()
-		migrateTo(t, pool, schema, 3)
-		id := insertEvent(t, pool, schema)
-
-		relay, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		defer relay.Rollback(ctx)
-		_, err = relay.Exec(ctx, `UPDATE `+quoted+`.events SET attempts = attempts + 1 WHERE id = $1`, id)
-		require.NoError(t, err)
-		migrated := make(chan error, 1)
-		go func() {
-			_, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
-			migrated <- err
-		}()
-		// Once the migration waits for the relay's transaction, let that
-		// commit.
-		eventually.True(t, 30*time.Second, func() bool {
-			var waiting bool
-			require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = $1::regclass)`,
-				quoted+`.events`).Scan(&waiting))
-			return waiting
-		}, "the migration to wait for the relay's transaction")
-		require.NoError(t, relay.Commit(ctx))
-		require.NoError(t, <-migrated)
-		require.Equal(t, []int64{id}, retrying(t, pool, schema))
-	})
-
-	// A relay's role granted rights table by table before 0004 must still
-	// be able to record a failure afterwards.
-	t.Run("TriggersWorkForARoleWithoutRightsOnTheNewTable", func(t *testing.T) {
-		t.Parallel()
-		pool, schema := setup(t)
-		ctx := context.Background()
-		quoted := pgx.Identifier{schema}.Sanitize()
-		migrateTo(t, pool, schema, 3)
 		role := pgx.Identifier{schema + "_relay"}.Sanitize()
-		_, err := pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT USAGE ON SCHEMA `+quoted+` TO `+role+`;
-			GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA `+quoted+` TO `+role)
+		_, err = pool.Exec(ctx, `CREATE ROLE `+role+`; GRANT USAGE ON SCHEMA `+quoted+` TO `+role+`;
+			GRANT SELECT, INSERT, UPDATE, DELETE ON `+quoted+`.events TO `+role)
 		require.NoError(t, err)
 		t.Cleanup(func() {
 			_, err := pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
 			require.NoError(t, err)
 		})
 		id := insertEvent(t, pool, schema)
-		_, err = outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
-		require.NoError(t, err)
-
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+role); err != nil {
 				return err
@@ -210,6 +155,34 @@ func TestMigrate(t *testing.T) {
 			_, err := tx.Exec(ctx, `UPDATE `+quoted+`.events SET published_at = now() WHERE id = $1`, id)
 			return err
 		}))
+		require.Empty(t, retrying(t, pool, schema))
+	})
+
+	// A schema that the files before the baseline migrated to version 4
+	// is at the baseline; one they left short of it is refused, naming
+	// the version, before anything is applied.
+	t.Run("SchemasOfTheFilesBeforeTheBaseline", func(t *testing.T) {
+		t.Parallel()
+		pool, schema := setup(t)
+		ctx := context.Background()
+		versions := pgx.Identifier{schema, "schema_versions"}.Sanitize()
+		_, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `DELETE FROM `+versions+` WHERE version < 5;
+			INSERT INTO `+versions+` (version, name) VALUES (1, '0001_producer.sql'), (2, '0002_consumer.sql'),
+			(3, '0003_lighter_writes.sql'), (4, '0004_fewer_write_indexes.sql')`)
+		require.NoError(t, err)
+		applied, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
+		require.NoError(t, err)
+		require.Empty(t, applied)
+
+		_, err = pool.Exec(ctx, `DELETE FROM `+versions+` WHERE version >= 3`)
+		require.NoError(t, err)
+		_, err = outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema})
+		require.ErrorContains(t, err, "stopped at version 2 of the migration files that 0001_baseline.sql replaced")
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+versions).Scan(&n))
+		require.Equal(t, 2, n, "nothing was applied")
 	})
 
 	t.Run("CallerSearchPathUntouched", func(t *testing.T) {
@@ -225,33 +198,6 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, conn.QueryRow(ctx, `SHOW search_path`).Scan(&path))
 		require.Equal(t, `"$user", public`, path)
 	})
-}
-
-// migrateTo brings schema up to version, as Migrate of an older release
-// would have left it.
-func migrateTo(t *testing.T, pool *pgxpool.Pool, schema string, version int) {
-	t.Helper()
-	ctx := context.Background()
-	list, err := outbox.MigrationList()
-	require.NoError(t, err)
-	quoted := pgx.Identifier{schema}.Sanitize()
-	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `CREATE SCHEMA `+quoted+`; CREATE TABLE `+quoted+`.schema_versions (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()); SET LOCAL search_path = `+quoted); err != nil {
-			return err
-		}
-		for _, m := range list {
-			if m.Version > version {
-				break
-			}
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO schema_versions (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
 }
 
 // insertEvent inserts an undelivered event into schema's events table and
@@ -279,6 +225,6 @@ func TestMigrations(t *testing.T) {
 	t.Parallel()
 	names, err := fs.Glob(outbox.Migrations(), "*.sql")
 	require.NoError(t, err)
-	require.Contains(t, names, "0001_producer.sql")
+	require.Contains(t, names, "0001_baseline.sql")
 	require.Contains(t, names, "partitioned_events.sql")
 }

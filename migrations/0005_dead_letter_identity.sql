@@ -15,10 +15,7 @@
 -- updates a letter that was replayed or discarded; a record that matches
 -- one is a duplicate.
 --
--- Upgrading: consumers built before this migration fail to dead-letter
--- after it (their upsert names the old constraint): they hand the record
--- back and retry it, losing nothing. Deploy consumers built after it right
--- after migrating; they need it.
+-- What this means for consumers already running: docs/upgrading.md.
 
 CREATE FUNCTION record_fingerprint(record_key bytea, value bytea, header_keys text[], header_values bytea[])
 RETURNS bytea LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$

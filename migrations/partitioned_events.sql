@@ -1,7 +1,7 @@
--- Optional layout, run before 0001_producer.sql: the events table
+-- Optional layout, run before 0001_baseline.sql: the events table
 -- partitioned by day on created_at, so retention drops whole partitions
 -- instead of deleting rows (no bloat, no vacuum debt). 0001 then adds the
--- indexes, trigger and view to this table as it would to a plain one.
+-- index, triggers and view to this table as it would to a plain one.
 --
 -- Partitions are named events_pYYYYMMDD (UTC days). create_event_partitions
 -- makes them ahead of time; the default partition only catches rows when that
@@ -19,7 +19,6 @@ CREATE TABLE events (
     content_type       text,
     payload            bytea       NOT NULL,
     headers            jsonb       NOT NULL DEFAULT '{}',
-    bucket_hash        integer     GENERATED ALWAYS AS (hashtext(aggregate_type || ':' || aggregate_id)) STORED,
     created_at         timestamptz NOT NULL DEFAULT now(),
     published_at       timestamptz,
     attempts           integer     NOT NULL DEFAULT 0,

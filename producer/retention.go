@@ -49,7 +49,7 @@ type PruneResult struct {
 // window, and how many rows it deleted.
 //
 // Retention walks the primary key rather than an index on published_at,
-// which every write would pay for (see migration 0004). Rows are created
+// which every write would pay for (see the baseline migration). Rows are created
 // in roughly id order and published after they are created, so the walk
 // can stop at the first chunk that reaches the window: the rows after it
 // were created too recently to be deletable. A row created before the
@@ -97,7 +97,7 @@ WHERE d.id = r.id AND x.owed IS NULL`
 // day-partitioned table (MigrateConfig.PartitionEventsByDay) it creates the
 // coming days' partitions and drops whole partitions that ended before the
 // window and hold no undelivered event. It also forgets the entries of
-// retrying_events whose event is no longer owed (see migration 0004). A
+// retrying_events whose event is no longer owed (see the baseline migration). A
 // Relay calls it every RelayConfig.RetentionInterval; call it yourself only
 // when running without a relay or with retention disabled there.
 func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {

@@ -52,5 +52,5 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', 'x', '{}', 
 	require.ErrorContains(t, run(ctx, []string{"bogus", "-database", db.Server.URL}, &bytes.Buffer{}), `unknown command "bogus"`)
 	var sql bytes.Buffer
 	require.NoError(t, run(ctx, []string{"sql"}, &sql))
-	require.Contains(t, sql.String(), "-- 0001_producer.sql")
+	require.Contains(t, sql.String(), "-- 0001_baseline.sql")
 }
