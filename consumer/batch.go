@@ -139,7 +139,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 		freshKeys []string
 	)
 	if pool, ok := p.db.(poolAcquirer); ok {
-		ptx, release, err := beginWith(ctx, pool, p.claimMany, []any{p.name, keys}, &freshKeys)
+		ptx, release, err := beginWith(ctx, pool, p.sql.ClaimMany, []any{p.name, keys}, &freshKeys)
 		if err != nil {
 			return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin and claim keys: %w", err))
 		}
@@ -150,7 +150,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 		if tx, err = p.db.Begin(ctx); err != nil {
 			return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin: %w", err))
 		}
-		if err := tx.QueryRow(ctx, p.claimMany, p.name, keys).Scan(&freshKeys); err != nil {
+		if err := tx.QueryRow(ctx, p.sql.ClaimMany, p.name, keys).Scan(&freshKeys); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, false, nil, nil, infra(fmt.Errorf("consumer: claim keys: %w", err))
 		}
@@ -198,7 +198,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 			types[i], ids[i], firsts[i], lasts[i] = agg.Type, agg.ID, runs[agg].first, runs[agg].last
 		}
 		var moved, parked int64
-		err := tx.QueryRow(ctx, p.advanceMany, p.name, types, ids, firsts, lasts,
+		err := tx.QueryRow(ctx, p.sql.AdvanceMany, p.name, types, ids, firsts, lasts,
 			p.cfg.FirstSeen == ordering.FirstSeenBaseline).Scan(&moved, &parked)
 		if err != nil {
 			return nil, false, nil, nil, infra(fmt.Errorf("consumer: advance positions: %w", err))

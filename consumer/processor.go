@@ -16,6 +16,7 @@ import (
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/dedupe"
 	"github.com/d419a114/outbox/internal/backoff"
+	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -65,10 +66,8 @@ type Processor struct {
 	open   map[uint32]int
 	// ready wakes Consumer.Run's drainer; see readyToDrain.
 	ready chan struct{}
-	// claimAdvance is the hot path's one statement; see Handle. claimOnly
-	// is its counterpart for records without a sequence. claimMany and
-	// advanceMany are batch mode's; see ProcessBatch.
-	claimAdvance, claimOnly, claimMany, advanceMany string
+	// sql holds the hot path's statements; see tables.HotPath.
+	sql tables.HotPath
 }
 
 // Handle returns a Processor that applies records for the consumer name
@@ -97,65 +96,15 @@ func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error
 	if err != nil {
 		return nil, err
 	}
-	schema := pgx.Identifier{c.Schema}.Sanitize()
 	bh, _ := h.(BatchHandler)
 	return &Processor{
 		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, open: map[uint32]int{}, ready: make(chan struct{}, 1),
 		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
-		// The claim of the key and the move of the position in one
-		// statement, sent in one round trip with BEGIN (see pipelinedTx):
-		// at one record per transaction a round trip costs about as much as
-		// the record's own work. The position moves only if the claim
-		// inserted a row (a duplicate key must not move it) and only from
-		// seq-1. Anything else (a duplicate sequence, a gap, an aggregate
-		// never seen) returns no parked count and is left to
-		// ordering.Tracker.Check; creating positions here too would cost
-		// every record an INSERT ... ON CONFLICT branch that only the first
-		// record of an aggregate needs. ON CONFLICT arbitrates races on the
-		// key; the row lock orders racing moves of one position.
-		claimAdvance: `WITH claim AS (
-    INSERT INTO ` + schema + `.processed_keys (consumer, key) VALUES ($1, $5) ON CONFLICT DO NOTHING RETURNING 1
-), up AS (
-    UPDATE ` + schema + `.positions SET last_seq = $4::bigint, updated_at = now()
-    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND last_seq = $4::bigint - 1
-      AND EXISTS (SELECT 1 FROM claim)
-    RETURNING parked
-)
-SELECT EXISTS (SELECT 1 FROM claim), (SELECT parked FROM up)`,
-		claimOnly: `WITH claim AS (
-    INSERT INTO ` + schema + `.processed_keys (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
-)
-SELECT EXISTS (SELECT 1 FROM claim), NULL::integer`,
-		// One row with the keys that were fresh, so that it can travel in
-		// one pipeline with BEGIN like claimAdvance.
-		claimMany: `WITH claim AS (
-    INSERT INTO ` + schema + `.processed_keys (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k
-    ON CONFLICT DO NOTHING RETURNING key
-)
-SELECT coalesce(array_agg(key), '{}') FROM claim`,
-		// Every aggregate of a batch moves from first-1 to last in one
-		// statement (its records in the batch are first..last without a
-		// hole, checked before); aggregates never seen are created, at 1
-		// or, under FirstSeenBaseline ($6), anywhere. The count of rows
-		// moved or created must equal the number of aggregates, and no
-		// aggregate may have parked records to drain: otherwise batch mode
-		// falls back to one record at a time.
-		advanceMany: `WITH v AS (
-    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS v (t, i, first, last)
-), up AS (
-    UPDATE ` + schema + `.positions AS p SET last_seq = v.last, updated_at = now()
-    FROM v
-    WHERE p.consumer = $1 AND p.aggregate_type = v.t AND p.aggregate_id = v.i AND p.last_seq = v.first - 1
-    RETURNING p.aggregate_type, p.aggregate_id, p.parked
-), ins AS (
-    INSERT INTO ` + schema + `.positions (consumer, aggregate_type, aggregate_id, last_seq)
-    SELECT $1, v.t, v.i, v.last FROM v
-    WHERE (v.first = 1 OR $6) AND NOT EXISTS (SELECT 1 FROM up WHERE up.aggregate_type = v.t AND up.aggregate_id = v.i)
-    ON CONFLICT DO NOTHING
-    RETURNING parked
-)
-SELECT count(*), coalesce(sum(parked), 0) FROM (SELECT parked FROM up UNION ALL SELECT parked FROM ins) AS moved`,
+		// The claim and the move in one statement, sent in one round trip
+		// with BEGIN (see pipelinedTx): at one record per transaction a
+		// round trip costs about as much as the record's own work.
+		sql: tables.For(c.Schema).HotPath,
 	}, nil
 }
 
@@ -345,9 +294,9 @@ type claimed struct {
 
 func (p *Processor) firstStatement(m *Message) (string, []any) {
 	if m.HasSeq() {
-		return p.claimAdvance, []any{p.name, m.AggregateType, m.AggregateID, m.Seq, m.IdempotencyKey}
+		return p.sql.ClaimAdvance, []any{p.name, m.AggregateType, m.AggregateID, m.Seq, m.IdempotencyKey}
 	}
-	return p.claimOnly, []any{p.name, m.IdempotencyKey}
+	return p.sql.ClaimOnly, []any{p.name, m.IdempotencyKey}
 }
 
 // apply does the work of one record inside tx: claim, order, handle,

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/recordsql"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // Status is what became of a dead letter.
@@ -77,8 +76,7 @@ type Config struct {
 
 // Store reads and writes dead letters. It is safe for concurrent use.
 type Store struct {
-	table string
-	put   string
+	sql tables.DeadLetters
 }
 
 // New returns a store.
@@ -87,28 +85,8 @@ func New(cfg *Config) *Store {
 	if cfg != nil && cfg.Schema != "" {
 		schema = cfg.Schema
 	}
-	q := pgx.Identifier{schema}.Sanitize()
-	table := q + ".dead_letters"
-	return &Store{
-		table: table,
-		// The record's fingerprint is part of the unique key, so that a
-		// redelivered failure updates its letter and a different record at
-		// the same offset gets its own. WHERE keeps a resolved letter as it
-		// is: no row comes back for it.
-		put: `INSERT INTO ` + table + ` AS d (consumer, topic, kafka_partition, kafka_offset, record_key, value,
-    header_keys, header_values, record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts,
-    fingerprint)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, ` + q + `.record_fingerprint($5, $6, $7, $8))
-ON CONFLICT (consumer, topic, kafka_partition, kafka_offset, fingerprint) DO UPDATE
-SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error, stack = EXCLUDED.stack, last_failed_at = now()
-WHERE d.status = 'dead'
-RETURNING id`,
-	}
+	return &Store{sql: tables.For(schema).DeadLetters}
 }
-
-const columns = `id, consumer, topic, kafka_partition, kafka_offset, record_key, value, header_keys, header_values,
-    record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts,
-    first_failed_at, last_failed_at, status, resolved_at`
 
 // Put stores l (its ID, times and Status are ignored) in tx and returns its
 // id. A letter is one record: the same record (same consumer, place in the
@@ -128,7 +106,7 @@ func (s *Store) Put(ctx context.Context, tx Querier, l *Letter) (int64, error) {
 		recTime = &r.Timestamp
 	}
 	var id int64
-	err := tx.QueryRow(ctx, s.put,
+	err := tx.QueryRow(ctx, s.sql.Put,
 		l.Consumer, recordsql.TextSafe(r.Topic), r.Partition, r.Offset, r.Key, r.Value, keys, values, recTime,
 		nullString(l.IdempotencyKey), aggField(l.AggregateType, l.Seq), aggField(l.AggregateID, l.Seq), nullSeq(l.Seq),
 		recordsql.TextSafe(l.Error), nullString(l.Stack), max(l.Attempts, 1)).Scan(&id)
@@ -143,11 +121,12 @@ func (s *Store) Put(ctx context.Context, tx Querier, l *Letter) (int64, error) {
 
 // Get returns the letter with id, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, db Querier, id int64) (*Letter, error) {
-	return s.get(ctx, db, id, "")
+	return s.get(ctx, db, s.sql.Get, id)
 }
 
-func (s *Store) get(ctx context.Context, db Querier, id int64, suffix string) (*Letter, error) {
-	rows, err := db.Query(ctx, `SELECT `+columns+` FROM `+s.table+` WHERE id = $1`+suffix, id)
+// get runs sql, Get or GetForUpdate, for id.
+func (s *Store) get(ctx context.Context, db Querier, sql string, id int64) (*Letter, error) {
+	rows, err := db.Query(ctx, sql, id)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: get %d: %w", id, err)
 	}
@@ -179,38 +158,12 @@ func (s *Store) List(ctx context.Context, db Querier, opts *ListOpts) ([]*Letter
 	if opts == nil {
 		opts = &ListOpts{}
 	}
-	var (
-		where []string
-		args  []any
-	)
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
-	}
-	if opts.Consumer != "" {
-		add("consumer = ?", opts.Consumer)
-	}
-	if opts.Topic != "" {
-		add("topic = ?", opts.Topic)
-	}
-	if opts.Status != "" {
-		add("status = ?", string(opts.Status))
-	}
-	if opts.AggregateType != "" {
-		add("aggregate_type = ?", opts.AggregateType)
-	}
-	if opts.AggregateID != "" {
-		add("aggregate_id = ?", opts.AggregateID)
-	}
-	add("id > ?", opts.AfterID)
 	limit := opts.Limit
 	if limit <= 0 {
 		limit = 100
 	}
-	args = append(args, limit)
-	sql := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE ` + strings.Join(where, " AND ") +
-		` ORDER BY id LIMIT $` + strconv.Itoa(len(args))
-	rows, err := db.Query(ctx, sql, args...)
+	rows, err := db.Query(ctx, s.sql.List, filter(opts.Consumer), filter(opts.Topic), filter(string(opts.Status)),
+		filter(opts.AggregateType), filter(opts.AggregateID), opts.AfterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: list: %w", err)
 	}
@@ -252,7 +205,7 @@ func (s *Store) resolve(ctx context.Context, db Beginner, id int64, to Status, f
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// FOR UPDATE: a second replay of the same letter waits here and then
 	// finds it resolved.
-	l, err := s.get(ctx, tx, id, ` FOR UPDATE`)
+	l, err := s.get(ctx, tx, s.sql.GetForUpdate, id)
 	if err != nil {
 		return err
 	}
@@ -264,13 +217,22 @@ func (s *Store) resolve(ctx context.Context, db Beginner, id int64, to Status, f
 			return err
 		}
 	}
-	if _, err := tx.Exec(ctx, `UPDATE `+s.table+` SET status = $2, resolved_at = now() WHERE id = $1`, id, string(to)); err != nil {
+	if _, err := tx.Exec(ctx, s.sql.SetStatus, id, string(to)); err != nil {
 		return fmt.Errorf("deadletter: mark %d %s: %w", id, to, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("deadletter: commit: %w", err)
 	}
 	return nil
+}
+
+// filter is a List filter's argument: NULL, which matches every letter,
+// for an empty field.
+func filter(v string) *string {
+	if v == "" {
+		return nil
+	}
+	return &v
 }
 
 func collect(rows pgx.Rows) ([]*Letter, error) {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // DefaultRetention is how long keys are kept unless Config says otherwise.
@@ -44,11 +45,7 @@ type Store struct {
 	consumer  string
 	retention time.Duration
 	batch     int
-	claimSQL  string
-	claimMany string
-	pruneSQL  string
-	release   string
-	claimed   string
+	sql       tables.Keys
 }
 
 // New returns the store of the named consumer. Consumers with different
@@ -78,21 +75,11 @@ func New(consumer string, cfg *Config) (*Store, error) {
 	if batch < 0 {
 		return nil, fmt.Errorf("dedupe: negative prune batch size %d", batch)
 	}
-	table := pgx.Identifier{schema}.Sanitize() + ".processed_keys"
 	return &Store{
 		consumer:  consumer,
 		retention: retention,
 		batch:     batch,
-		// ON CONFLICT DO NOTHING lets the primary key arbitrate races: the
-		// loser waits for the winner's transaction and then inserts nothing.
-		claimSQL:  `INSERT INTO ` + table + ` (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-		claimMany: `INSERT INTO ` + table + ` (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k ON CONFLICT DO NOTHING RETURNING key`,
-		release:   `DELETE FROM ` + table + ` WHERE consumer = $1 AND key = $2`,
-		claimed:   `SELECT EXISTS (SELECT 1 FROM ` + table + ` WHERE consumer = $1 AND key = $2)`,
-		// ctid batches keep each DELETE bounded; the BRIN index on
-		// processed_at finds the old block ranges.
-		pruneSQL: `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM ` + table + ` WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`,
+		sql:       tables.For(schema).Keys,
 	}, nil
 }
 
@@ -110,7 +97,7 @@ func (s *Store) Claim(ctx context.Context, tx Querier, key string) (bool, error)
 	if key == "" {
 		return false, ErrEmptyKey
 	}
-	tag, err := tx.Exec(ctx, s.claimSQL, s.consumer, key)
+	tag, err := tx.Exec(ctx, s.sql.Claim, s.consumer, key)
 	if err != nil {
 		return false, fmt.Errorf("dedupe: claim key: %w", err)
 	}
@@ -126,7 +113,7 @@ func (s *Store) ClaimMany(ctx context.Context, tx Querier, keys []string) ([]boo
 			return nil, ErrEmptyKey
 		}
 	}
-	rows, err := tx.Query(ctx, s.claimMany, s.consumer, keys)
+	rows, err := tx.Query(ctx, s.sql.ClaimMany, s.consumer, keys)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim keys: %w", err)
 	}
@@ -154,7 +141,7 @@ func (s *Store) Claimed(ctx context.Context, tx interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, key string) (bool, error) {
 	var ok bool
-	if err := tx.QueryRow(ctx, s.claimed, s.consumer, key).Scan(&ok); err != nil {
+	if err := tx.QueryRow(ctx, s.sql.Claimed, s.consumer, key).Scan(&ok); err != nil {
 		return false, fmt.Errorf("dedupe: look up key: %w", err)
 	}
 	return ok, nil
@@ -164,7 +151,7 @@ func (s *Store) Claimed(ctx context.Context, tx interface {
 // claimed again: for a record that was taken into custody (parked) and then
 // given up on, so that a later replay is not mistaken for a duplicate.
 func (s *Store) Release(ctx context.Context, tx Querier, key string) error {
-	if _, err := tx.Exec(ctx, s.release, s.consumer, key); err != nil {
+	if _, err := tx.Exec(ctx, s.sql.Release, s.consumer, key); err != nil {
 		return fmt.Errorf("dedupe: release key: %w", err)
 	}
 	return nil
@@ -183,7 +170,7 @@ func (s *Store) Prune(ctx context.Context, db Querier) (int64, error) {
 func (s *Store) PruneBefore(ctx context.Context, db Querier, cutoff time.Time) (int64, error) {
 	var total int64
 	for {
-		tag, err := db.Exec(ctx, s.pruneSQL, s.consumer, cutoff, s.batch)
+		tag, err := db.Exec(ctx, s.sql.Prune, s.consumer, cutoff, s.batch)
 		if err != nil {
 			return total, fmt.Errorf("dedupe: prune keys: %w", err)
 		}

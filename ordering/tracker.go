@@ -12,6 +12,7 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/recordsql"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // GapPolicy says what to do with a record that arrives ahead of a gap.
@@ -140,11 +141,9 @@ type Config struct {
 type Tracker struct {
 	consumer string
 	cfg      Config
-	sql      statements
-}
-
-type statements struct {
-	advance, lock, held, park, bumpParked, pop, setLast, hold, skipTo, gaps, ready string
+	pos      tables.Positions
+	parked   tables.Parked
+	holds    string
 }
 
 // New returns the tracker of the named consumer.
@@ -165,65 +164,8 @@ func New(consumer string, cfg *Config) (*Tracker, error) {
 	if c.FirstSeen < FirstSeenStrict || c.FirstSeen > FirstSeenBaseline {
 		return nil, fmt.Errorf("ordering: unknown first-seen policy %d", int(c.FirstSeen))
 	}
-	s := pgx.Identifier{c.Schema}.Sanitize()
-	pos, parked, dl := s+".positions", s+".parked", s+".dead_letters"
-	const key = `consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`
-	return &Tracker{consumer: consumer, cfg: c, sql: statements{
-		// The hot path in one statement: move an existing position from
-		// seq-1 to seq, or create the position of an aggregate never seen
-		// (at seq 1, or at any seq when $5 says baseline). Both branches
-		// see one snapshot; the insert runs only when the update matched
-		// nothing, and ON CONFLICT DO NOTHING makes it a no-op when the row
-		// exists at another sequence (or a concurrent transaction just
-		// created it), which leaves the slow path to classify.
-		advance: `WITH up AS (
-    UPDATE ` + pos + ` SET last_seq = $4::bigint, updated_at = now()
-    WHERE ` + key + ` AND last_seq = $4::bigint - 1
-    RETURNING parked
-), ins AS (
-    INSERT INTO ` + pos + ` (consumer, aggregate_type, aggregate_id, last_seq)
-    SELECT $1, $2, $3, $4::bigint WHERE ($4::bigint = 1 OR $5) AND NOT EXISTS (SELECT 1 FROM up)
-    ON CONFLICT DO NOTHING
-    RETURNING parked
-)
-SELECT parked FROM up UNION ALL SELECT parked FROM ins`,
-		// FOR UPDATE: the verdict holds until this transaction ends.
-		lock: `SELECT last_seq, parked FROM ` + pos + ` WHERE ` + key + ` FOR UPDATE`,
-		// Served by the partial index dead_letters_open.
-		held: `SELECT EXISTS (SELECT 1 FROM ` + dl + ` WHERE ` + key + ` AND status = 'dead' AND aggregate_seq > $4 AND aggregate_seq < $5)`,
-		park: `INSERT INTO ` + parked + ` (consumer, aggregate_type, aggregate_id, seq, topic, kafka_partition, kafka_offset,
-    record_key, value, header_keys, header_values, record_time, idempotency_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING`,
-		// A strict first sighting parks before any position exists: create
-		// it at 0 so the count has a home and seq 1 takes the hot path.
-		bumpParked: `INSERT INTO ` + pos + ` AS p (consumer, aggregate_type, aggregate_id, last_seq, parked) VALUES ($1, $2, $3, 0, 1)
-ON CONFLICT (consumer, aggregate_type, aggregate_id) DO UPDATE SET parked = p.parked + 1, updated_at = now()`,
-		pop: `WITH next AS (
-    DELETE FROM ` + parked + ` k USING ` + pos + ` p
-    WHERE k.consumer = $1 AND k.aggregate_type = $2 AND k.aggregate_id = $3
-      AND p.consumer = k.consumer AND p.aggregate_type = k.aggregate_type AND p.aggregate_id = k.aggregate_id
-      AND k.seq = p.last_seq + 1
-    RETURNING k.seq, k.topic, k.kafka_partition, k.kafka_offset, k.record_key, k.value, k.header_keys, k.header_values,
-              k.record_time, k.idempotency_key, k.parked_at
-), dec AS (
-    UPDATE ` + pos + ` SET parked = parked - (SELECT count(*) FROM next) WHERE ` + key + ` AND EXISTS (SELECT 1 FROM next)
-)
-SELECT * FROM next`,
-		setLast: `UPDATE ` + pos + ` SET last_seq = $4, updated_at = now() WHERE ` + key + ` AND last_seq < $4`,
-		hold:    `INSERT INTO ` + pos + ` (consumer, aggregate_type, aggregate_id, last_seq) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
-		skipTo:  `UPDATE ` + pos + ` SET last_seq = $4, updated_at = now() WHERE ` + key + ` AND last_seq < $4 RETURNING parked`,
-		gaps: `SELECT p.aggregate_type, p.aggregate_id, p.last_seq, count(*), min(k.seq), min(k.parked_at),
-       (SELECT ARRAY[d.id, d.aggregate_seq] FROM ` + dl + ` d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
-            AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq > p.last_seq AND d.aggregate_seq < min(k.seq)
-        ORDER BY d.aggregate_seq LIMIT 1)
-FROM ` + pos + ` p JOIN ` + parked + ` k USING (consumer, aggregate_type, aggregate_id)
-WHERE p.consumer = $1
-GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
-ORDER BY min(k.parked_at), p.aggregate_type, p.aggregate_id`,
-		ready: `SELECT k.aggregate_type, k.aggregate_id FROM ` + parked + ` k JOIN ` + pos + ` p USING (consumer, aggregate_type, aggregate_id)
-WHERE k.consumer = $1 AND k.seq = p.last_seq + 1
-ORDER BY k.parked_at LIMIT $2`,
-	}}, nil
+	sql := tables.For(c.Schema)
+	return &Tracker{consumer: consumer, cfg: c, pos: sql.Positions, parked: sql.Parked, holds: sql.DeadLetters.Holds}, nil
 }
 
 // Consumer returns the consumer name.
@@ -236,7 +178,7 @@ func (t *Tracker) Policy() GapPolicy { return t.cfg.GapPolicy }
 // of agg at seq: a row (the parked count) means InOrder and the position
 // moved; no row means the slow path must classify the record.
 func (t *Tracker) advanceSQL(agg Aggregate, seq int64) (string, []any) {
-	return t.sql.advance, []any{t.consumer, agg.Type, agg.ID, seq, t.cfg.FirstSeen == FirstSeenBaseline}
+	return t.pos.Advance, []any{t.consumer, agg.Type, agg.ID, seq, t.cfg.FirstSeen == FirstSeenBaseline}
 }
 
 // Check classifies seq for agg inside tx. On InOrder the position has
@@ -258,7 +200,7 @@ func (t *Tracker) Check(ctx context.Context, tx Querier, agg Aggregate, seq int6
 			return Check{}, fmt.Errorf("ordering: advance position: %w", err)
 		}
 		var last int64
-		err = tx.QueryRow(ctx, t.sql.lock, t.consumer, agg.Type, agg.ID).Scan(&last, &parked)
+		err = tx.QueryRow(ctx, t.pos.Lock, t.consumer, agg.Type, agg.ID).Scan(&last, &parked)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Never seen and not accepted as a baseline: strict.
 			if seq == 1 || t.cfg.FirstSeen == FirstSeenBaseline {
@@ -283,7 +225,7 @@ func (t *Tracker) Check(ctx context.Context, tx Querier, agg Aggregate, seq int6
 
 func (t *Tracker) gap(ctx context.Context, tx Querier, agg Aggregate, last, seq int64, parked int) (Check, error) {
 	var held bool
-	if err := tx.QueryRow(ctx, t.sql.held, t.consumer, agg.Type, agg.ID, last, seq).Scan(&held); err != nil {
+	if err := tx.QueryRow(ctx, t.holds, t.consumer, agg.Type, agg.ID, last, seq).Scan(&held); err != nil {
 		return Check{}, fmt.Errorf("ordering: look for dead letters holding %s: %w", agg, err)
 	}
 	return Check{Verdict: Gap, Last: last, Parked: parked, Held: held}, nil
@@ -314,7 +256,7 @@ func (t *Tracker) Park(ctx context.Context, tx Querier, agg Aggregate, seq int64
 	if idempotencyKey != "" {
 		ik = &idempotencyKey
 	}
-	tag, err := tx.Exec(ctx, t.sql.park, t.consumer, agg.Type, agg.ID, seq, rec.Topic, rec.Partition, rec.Offset,
+	tag, err := tx.Exec(ctx, t.parked.Park, t.consumer, agg.Type, agg.ID, seq, rec.Topic, rec.Partition, rec.Offset,
 		rec.Key, rec.Value, keys, values, ts, ik)
 	if err != nil {
 		return false, fmt.Errorf("ordering: park record: %w", err)
@@ -322,7 +264,7 @@ func (t *Tracker) Park(ctx context.Context, tx Querier, agg Aggregate, seq int64
 	if tag.RowsAffected() == 0 {
 		return false, nil
 	}
-	if _, err := tx.Exec(ctx, t.sql.bumpParked, t.consumer, agg.Type, agg.ID); err != nil {
+	if _, err := tx.Exec(ctx, t.pos.BumpParked, t.consumer, agg.Type, agg.ID); err != nil {
 		return false, fmt.Errorf("ordering: count parked record: %w", err)
 	}
 	return true, nil
@@ -354,7 +296,7 @@ func (t *Tracker) Drain(ctx context.Context, tx Querier, agg Aggregate, limit in
 			}
 			return n, err
 		}
-		if _, err := tx.Exec(ctx, t.sql.setLast, t.consumer, agg.Type, agg.ID, p.Seq); err != nil {
+		if _, err := tx.Exec(ctx, t.pos.SetLast, t.consumer, agg.Type, agg.ID, p.Seq); err != nil {
 			return n, fmt.Errorf("ordering: advance position: %w", err)
 		}
 		n++
@@ -370,7 +312,7 @@ func (t *Tracker) Lock(ctx context.Context, tx Querier, agg Aggregate) (bool, er
 		last   int64
 		parked int
 	)
-	err := tx.QueryRow(ctx, t.sql.lock, t.consumer, agg.Type, agg.ID).Scan(&last, &parked)
+	err := tx.QueryRow(ctx, t.pos.Lock, t.consumer, agg.Type, agg.ID).Scan(&last, &parked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -385,7 +327,7 @@ func (t *Tracker) Lock(ctx context.Context, tx Querier, agg Aggregate) (bool, er
 // drain bounded by its limit, or one whose process stopped between two
 // transactions, left it there. Drain each, under Lock, oldest first.
 func (t *Tracker) Ready(ctx context.Context, db Querier, limit int) ([]Aggregate, error) {
-	rows, err := db.Query(ctx, t.sql.ready, t.consumer, limit)
+	rows, err := db.Query(ctx, t.parked.Ready, t.consumer, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ordering: list aggregates ready to drain: %w", err)
 	}
@@ -409,7 +351,7 @@ func (t *Tracker) pop(ctx context.Context, tx Querier, agg Aggregate) (*Parked, 
 		idemKey  *string
 		parkedAt time.Time
 	)
-	err := tx.QueryRow(ctx, t.sql.pop, t.consumer, agg.Type, agg.ID).Scan(&p.Seq, &p.Record.Topic, &p.Record.Partition,
+	err := tx.QueryRow(ctx, t.parked.Pop, t.consumer, agg.Type, agg.ID).Scan(&p.Seq, &p.Record.Topic, &p.Record.Partition,
 		&p.Record.Offset, &p.Record.Key, &p.Record.Value, &keys, &values, &recTime, &idemKey, &parkedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -439,7 +381,7 @@ func (t *Tracker) Hold(ctx context.Context, tx Querier, agg Aggregate, seq int64
 	if t.cfg.FirstSeen == FirstSeenBaseline {
 		start = seq - 1
 	}
-	if _, err := tx.Exec(ctx, t.sql.hold, t.consumer, agg.Type, agg.ID, start); err != nil {
+	if _, err := tx.Exec(ctx, t.pos.Hold, t.consumer, agg.Type, agg.ID, start); err != nil {
 		return fmt.Errorf("ordering: hold %s: %w", agg, err)
 	}
 	return nil
@@ -451,7 +393,7 @@ func (t *Tracker) Hold(ctx context.Context, tx Querier, agg Aggregate, seq int64
 // records that are now in line.
 func (t *Tracker) SkipTo(ctx context.Context, tx Querier, agg Aggregate, seq int64) (bool, int, error) {
 	var parked int
-	err := tx.QueryRow(ctx, t.sql.skipTo, t.consumer, agg.Type, agg.ID, seq).Scan(&parked)
+	err := tx.QueryRow(ctx, t.pos.SkipTo, t.consumer, agg.Type, agg.ID, seq).Scan(&parked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, 0, nil
 	}
@@ -481,7 +423,7 @@ type OpenGap struct {
 
 // Gaps lists the consumer's open gaps, oldest first.
 func (t *Tracker) Gaps(ctx context.Context, db Querier) ([]OpenGap, error) {
-	rows, err := db.Query(ctx, t.sql.gaps, t.consumer)
+	rows, err := db.Query(ctx, t.parked.Gaps, t.consumer)
 	if err != nil {
 		return nil, fmt.Errorf("ordering: list gaps: %w", err)
 	}
@@ -509,7 +451,7 @@ func (t *Tracker) Gaps(ctx context.Context, db Querier) ([]OpenGap, error) {
 // none.
 func (t *Tracker) Position(ctx context.Context, db Querier, agg Aggregate) (int64, bool, error) {
 	var last int64
-	err := db.QueryRow(ctx, `SELECT last_seq FROM `+pgx.Identifier{t.cfg.Schema}.Sanitize()+`.positions WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
+	err := db.QueryRow(ctx, t.pos.Read,
 		t.consumer, agg.Type, agg.ID).Scan(&last)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil

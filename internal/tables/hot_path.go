@@ -1,0 +1,70 @@
+package tables
+
+// HotPath are the consumer's statements that touch processed_keys and
+// positions at once, so that a record's SDK work is one statement that can
+// travel in the round trip of BEGIN. Parameters: $1 the consumer.
+type HotPath struct {
+	// ClaimAdvance claims key $5 and, only if the claim inserted a row (a
+	// duplicate key must not move it), moves aggregate ($2, $3) from $4-1
+	// to $4. It returns whether the key was fresh and the parked count when
+	// the position moved. Anything else (a duplicate sequence, a gap, an
+	// aggregate never seen) returns a NULL count and is left to the slow
+	// path; creating positions here too would cost every record an
+	// INSERT ... ON CONFLICT branch that only an aggregate's first record
+	// needs. ON CONFLICT arbitrates races on the key; the row lock orders
+	// racing moves of one position.
+	ClaimAdvance string
+	// ClaimOnly is ClaimAdvance for a record without a sequence: it claims
+	// key $2 and returns whether it was fresh and a NULL count.
+	ClaimOnly string
+	// ClaimMany claims the keys $2 (text[]) and returns, in one row, those
+	// it inserted, so that it can travel with BEGIN like ClaimAdvance.
+	ClaimMany string
+	// AdvanceMany moves every aggregate of a batch ($2 types, $3 ids, $4
+	// first and $5 last sequences, all arrays) from first-1 to last in one
+	// statement; aggregates never seen are created, at 1 or, when $6 says
+	// baseline, anywhere. It returns how many positions moved or were
+	// created, and their parked records in all. The caller checked that
+	// each aggregate's records are first..last without a hole; it falls
+	// back to one record at a time unless the count equals the number of
+	// aggregates and nothing is parked.
+	AdvanceMany string
+}
+
+func hotPath(q func(string) string) HotPath {
+	return HotPath{
+		ClaimAdvance: q(`WITH claim AS (
+    INSERT INTO {schema}.processed_keys (consumer, key) VALUES ($1, $5) ON CONFLICT DO NOTHING RETURNING 1
+), up AS (
+    UPDATE {schema}.positions SET last_seq = $4::bigint, updated_at = now()
+    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND last_seq = $4::bigint - 1
+      AND EXISTS (SELECT 1 FROM claim)
+    RETURNING parked
+)
+SELECT EXISTS (SELECT 1 FROM claim), (SELECT parked FROM up)`),
+		ClaimOnly: q(`WITH claim AS (
+    INSERT INTO {schema}.processed_keys (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM claim), NULL::integer`),
+		ClaimMany: q(`WITH claim AS (
+    INSERT INTO {schema}.processed_keys (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k
+    ON CONFLICT DO NOTHING RETURNING key
+)
+SELECT coalesce(array_agg(key), '{}') FROM claim`),
+		AdvanceMany: q(`WITH v AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS v (t, i, first, last)
+), up AS (
+    UPDATE {schema}.positions AS p SET last_seq = v.last, updated_at = now()
+    FROM v
+    WHERE p.consumer = $1 AND p.aggregate_type = v.t AND p.aggregate_id = v.i AND p.last_seq = v.first - 1
+    RETURNING p.aggregate_type, p.aggregate_id, p.parked
+), ins AS (
+    INSERT INTO {schema}.positions (consumer, aggregate_type, aggregate_id, last_seq)
+    SELECT $1, v.t, v.i, v.last FROM v
+    WHERE (v.first = 1 OR $6) AND NOT EXISTS (SELECT 1 FROM up WHERE up.aggregate_type = v.t AND up.aggregate_id = v.i)
+    ON CONFLICT DO NOTHING
+    RETURNING parked
+)
+SELECT count(*), coalesce(sum(parked), 0) FROM (SELECT parked FROM up UNION ALL SELECT parked FROM ins) AS moved`),
+	}
+}

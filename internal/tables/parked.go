@@ -1,0 +1,54 @@
+package tables
+
+// Parked are the statements on parked, the records waiting for an earlier
+// sequence of their aggregate. Parameters: $1 the consumer, and where an
+// aggregate is named, $2 and $3 its type and id.
+type Parked struct {
+	// Park stores the record of sequence $4 ($5 to $13: topic, partition,
+	// offset, key, value, header keys and values, timestamp, idempotency
+	// key); a record already parked at that sequence makes it insert
+	// nothing.
+	Park string
+	// Pop takes out the parked record next in line (its sequence follows
+	// the position), lowers the parked count, and returns it; no row when
+	// none is in line.
+	Pop string
+	// Gaps lists the aggregates with parked records: position, count,
+	// lowest parked sequence, oldest parked time, and the id and sequence
+	// of the lowest open dead letter inside the hole, if any.
+	Gaps string
+	// Ready lists up to $2 aggregates whose next parked record is in line,
+	// oldest first.
+	Ready string
+}
+
+func parked(q func(string) string) Parked {
+	return Parked{
+		Park: q(`INSERT INTO {schema}.parked (consumer, aggregate_type, aggregate_id, seq, topic, kafka_partition, kafka_offset,
+    record_key, value, header_keys, header_values, record_time, idempotency_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING`),
+		Pop: q(`WITH next AS (
+    DELETE FROM {schema}.parked k USING {schema}.positions p
+    WHERE k.consumer = $1 AND k.aggregate_type = $2 AND k.aggregate_id = $3
+      AND p.consumer = k.consumer AND p.aggregate_type = k.aggregate_type AND p.aggregate_id = k.aggregate_id
+      AND k.seq = p.last_seq + 1
+    RETURNING k.seq, k.topic, k.kafka_partition, k.kafka_offset, k.record_key, k.value, k.header_keys, k.header_values,
+              k.record_time, k.idempotency_key, k.parked_at
+), dec AS (
+    UPDATE {schema}.positions SET parked = parked - (SELECT count(*) FROM next)
+    WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND EXISTS (SELECT 1 FROM next)
+)
+SELECT * FROM next`),
+		Gaps: q(`SELECT p.aggregate_type, p.aggregate_id, p.last_seq, count(*), min(k.seq), min(k.parked_at),
+       (SELECT ARRAY[d.id, d.aggregate_seq] FROM {schema}.dead_letters d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
+            AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq > p.last_seq AND d.aggregate_seq < min(k.seq)
+        ORDER BY d.aggregate_seq LIMIT 1)
+FROM {schema}.positions p JOIN {schema}.parked k USING (consumer, aggregate_type, aggregate_id)
+WHERE p.consumer = $1
+GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
+ORDER BY min(k.parked_at), p.aggregate_type, p.aggregate_id`),
+		Ready: q(`SELECT k.aggregate_type, k.aggregate_id FROM {schema}.parked k JOIN {schema}.positions p USING (consumer, aggregate_type, aggregate_id)
+WHERE k.consumer = $1 AND k.seq = p.last_seq + 1
+ORDER BY k.parked_at LIMIT $2`),
+	}
+}
