@@ -82,11 +82,6 @@ func MigrationList() ([]Migration, error) {
 	return list, nil
 }
 
-// Beginner starts a transaction. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // MigrateConfig tunes Migrate. The zero value is valid.
 type MigrateConfig struct {
 	// Schema is where the tables go; it is created if missing.
@@ -110,7 +105,7 @@ const migrateLockClass = 0x6f75 // "ou"
 // safe to run on every start-up and from several processes at once: an
 // advisory lock serialises concurrent runs and the versions table makes a
 // second run a no-op. It returns the versions it applied.
-func Migrate(ctx context.Context, db Beginner, cfg *MigrateConfig) ([]int, error) {
+func Migrate(ctx context.Context, db DB, cfg *MigrateConfig) ([]int, error) {
 	if cfg == nil {
 		cfg = &MigrateConfig{}
 	}
@@ -128,20 +123,9 @@ func Migrate(ctx context.Context, db Beginner, cfg *MigrateConfig) ([]int, error
 	}
 	quoted := pgx.Identifier{schema}.Sanitize()
 
-	// Migrations read the tables they change (0005 fingerprints the dead letters)
-	// and must see everything committed before they took their locks,
-	// which READ COMMITTED gives and a transaction-wide snapshot does not.
-	// A pgx.Tx given as db runs them in a savepoint of its own transaction,
-	// at whatever level that has; a migration that needs READ COMMITTED
-	// says so if it does not get it.
-	var tx pgx.Tx
-	if b, ok := db.(interface {
-		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-	}); ok {
-		tx, err = b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	} else {
-		tx, err = db.Begin(ctx)
-	}
+	// A pgx.Tx given as db runs the migrations in a savepoint of its own
+	// transaction.
+	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: begin: %w", err)
 	}

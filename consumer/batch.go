@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/ordering"
@@ -134,27 +133,12 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 		msgs[i], keys[i] = m, m.IdempotencyKey
 	}
 
-	var (
-		tx        pgx.Tx
-		freshKeys []string
-	)
-	if pool, ok := p.db.(poolAcquirer); ok {
-		ptx, release, err := beginWith(ctx, pool, p.sql.ClaimMany, []any{p.name, keys}, &freshKeys)
-		if err != nil {
-			return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin and claim keys: %w", err))
-		}
-		defer release()
-		tx = ptx
-	} else {
-		var err error
-		if tx, err = p.db.Begin(ctx); err != nil {
-			return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin: %w", err))
-		}
-		if err := tx.QueryRow(ctx, p.sql.ClaimMany, p.name, keys).Scan(&freshKeys); err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			return nil, false, nil, nil, infra(fmt.Errorf("consumer: claim keys: %w", err))
-		}
+	var freshKeys []string
+	tx, release, err := beginWith(ctx, p.db, p.sql.ClaimMany, []any{p.name, keys}, &freshKeys)
+	if err != nil {
+		return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin and claim keys: %w", err))
 	}
+	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	defer p.track(tx)()
 

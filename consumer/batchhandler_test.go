@@ -61,7 +61,7 @@ func TestBatchHandler(t *testing.T) {
 	} {
 		t.Run("Failing"+fail.name+"FallsBackAndDeadLettersOnlyTheCulprit", func(t *testing.T) {
 			t.Parallel()
-			p, e, db := setup(t)
+			p, e, _ := setup(t)
 			fail.set(e)
 			res := processAll(t, p, 50,
 				rec("good", 1, "g1"), rec("bad", 1, "x1"), rec("good", 2, "g2"), rec("free", 0, "f"), rec("bad", 2, "x2"))
@@ -85,7 +85,7 @@ func TestBatchHandler(t *testing.T) {
 			require.Equal(t, 3, distinct)
 			require.Equal(t, []int64{1, 2}, e.seqs(t, "good"))
 
-			letters, err := p.DeadLetters().List(ctx, db.Pool, nil)
+			letters, err := p.DeadLetters(ctx, nil)
 			require.NoError(t, err)
 			require.Len(t, letters, 1)
 			require.Equal(t, "x1", letters[0].IdempotencyKey)

@@ -13,8 +13,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/d419a114/outbox/dedupe"
 )
 
 // ClientOpts are the options a client needs to be given to New, on top of
@@ -46,7 +44,7 @@ func ClientOpts() []kgo.Opt {
 type Consumer struct {
 	proc   *Processor
 	client *kgo.Client
-	db     Beginner
+	db     DB
 	cfg    Config
 	log    *slog.Logger
 	// running guards against two Runs.
@@ -57,7 +55,7 @@ type Consumer struct {
 // h for the consumer name. See Handle for db and name. New fails if the
 // client has no consumer group, has auto-commit enabled, or does not block
 // rebalances during processing; the error says which option to add.
-func New(db Beginner, client *kgo.Client, name string, h Handler, cfg *Config) (*Consumer, error) {
+func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consumer, error) {
 	if client == nil {
 		return nil, errors.New("consumer: nil client")
 	}
@@ -84,10 +82,11 @@ func (c *Consumer) Processor() *Processor { return c.proc }
 // Run consumes until ctx ends, then stops taking new records, lets the ones
 // in flight finish (up to Config.ShutdownGrace), commits the offsets of everything
 // applied, and returns nil. It does not close the client. It returns
-// ErrClosed if the client was closed, and may be called once.
+// ErrClosed if the client was closed, and ErrRunning when called a second
+// time: a Consumer runs once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
-		return ErrClosed
+		return ErrRunning
 	}
 	if warnings, err := c.CheckRetention(ctx); err != nil {
 		c.log.WarnContext(ctx, "consumer: could not check key retention against topic retention", slog.String("error", err.Error()))
@@ -352,11 +351,6 @@ func (c *Consumer) partition(ctx, work context.Context, recs []*kgo.Record, fail
 }
 
 func (c *Consumer) pruneLoop(ctx context.Context) {
-	q, ok := c.db.(dedupe.Querier)
-	if !ok {
-		c.log.WarnContext(ctx, "consumer: database handle cannot run statements outside a transaction; processed keys are not pruned")
-		return
-	}
 	t := time.NewTicker(c.cfg.PruneInterval)
 	defer t.Stop()
 	for {
@@ -365,7 +359,7 @@ func (c *Consumer) pruneLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := c.proc.dedupe.Prune(ctx, q)
+		n, err := c.proc.PruneKeys(ctx)
 		if err != nil && ctx.Err() == nil {
 			c.log.WarnContext(ctx, "consumer: prune processed keys failed", slog.String("error", err.Error()))
 		} else if n > 0 {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/mock/gomock"
 
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/deadletter"
@@ -37,7 +38,7 @@ func TestNewRefusesUnsafeClients(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			cl := broker.Client(t, tt.opts...)
-			_, err := consumer.New(fakeBeginner{}, cl, "svc", h, nil)
+			_, err := consumer.New(NewMockDB(gomock.NewController(t)), cl, "svc", h, nil)
 			if tt.wantErr == "" {
 				require.NoError(t, err)
 				return
@@ -475,7 +476,7 @@ func TestRunWithClosedClient(t *testing.T) {
 	eventually.True(t, 30*time.Second, func() bool { rows, _ := b.effects.count(t); return rows == 1 })
 	cl.Close()
 	require.ErrorIs(t, <-done, consumer.ErrClosed)
-	require.ErrorIs(t, c.Run(context.Background()), consumer.ErrClosed)
+	require.ErrorIs(t, c.Run(context.Background()), consumer.ErrRunning)
 }
 
 // The runner prunes processed keys past KeyRetention in the background.

@@ -131,12 +131,7 @@ func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int,
 func (p *Processor) DrainReady(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		var aggs []ordering.Aggregate
-		err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-			var err error
-			aggs, err = p.ordering.Ready(ctx, tx, 100)
-			return err
-		})
+		aggs, err := p.ordering.Ready(ctx, p.db, 100)
 		if err != nil {
 			return total, fmt.Errorf("consumer: %w", err)
 		}

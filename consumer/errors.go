@@ -11,9 +11,43 @@ import (
 	"github.com/d419a114/outbox/ordering"
 )
 
-// ErrClosed is returned by Run when called twice or after the client was
-// closed.
-var ErrClosed = errors.New("consumer: closed")
+// ErrClosed is returned by Run when the client was closed.
+var ErrClosed = errors.New("consumer: client closed")
+
+// ErrRunning is returned by Run when it was called before on the same
+// Consumer: a Consumer runs once.
+var ErrRunning = errors.New("consumer: already run; a Consumer runs once")
+
+// ErrWrongConsumer is returned by the operator verbs (Replay, Discard,
+// DeadLetter) for a dead letter of another consumer.
+var ErrWrongConsumer = errors.New("consumer: the dead letter belongs to another consumer")
+
+// ErrNoGap is returned by ResolveGap for an aggregate with no parked
+// records: there is nothing to resolve.
+var ErrNoGap = errors.New("consumer: the aggregate has no open gap")
+
+// ErrNotNext is returned by Discard for a dead letter whose aggregate still
+// misses an earlier sequence: discarding it would skip that one too.
+// Resolve the earlier gap or dead letter first.
+var ErrNotNext = errors.New("consumer: an earlier sequence of the aggregate is still missing")
+
+// ErrSequencePassed is returned by Replay for a dead letter whose aggregate
+// has moved past its sequence (ResolveGap skipped it, or another event took
+// it): applying it now would break the aggregate's order. Discard it.
+var ErrSequencePassed = errors.New("consumer: the aggregate has moved past the letter's sequence")
+
+// GapHeldError is returned by ResolveGap when the gap starts with an open
+// dead letter: skipping it would lose the letter's event. Replay or
+// discard the letter instead.
+type GapHeldError struct {
+	Aggregate    ordering.Aggregate
+	DeadLetterID int64
+	Seq          int64
+}
+
+func (e *GapHeldError) Error() string {
+	return fmt.Sprintf("consumer: the gap of %s is dead letter %d (seq %d); replay or discard it", e.Aggregate, e.DeadLetterID, e.Seq)
+}
 
 type permanentError struct{ err error }
 

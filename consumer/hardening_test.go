@@ -61,7 +61,7 @@ func TestHostileInput(t *testing.T) {
 	}
 	letter := func(t *testing.T, p *consumer.Processor, db *pgtest.DB, id int64) *deadletter.Letter {
 		t.Helper()
-		l, err := p.DeadLetters().Get(ctx, db.Pool, id)
+		l, err := p.DeadLetter(ctx, id)
 		require.NoError(t, err)
 		return l
 	}
@@ -102,7 +102,7 @@ func TestHostileInput(t *testing.T) {
 				for _, top := range []int64{1<<31 + 3, 1<<53 + 3, math.MaxInt64} {
 					t.Run(strconv.FormatInt(top, 10), func(t *testing.T) {
 						t.Parallel()
-						p, e, db := setup(t, md, func(c *consumer.Config) { c.FirstSeen = ordering.FirstSeenBaseline })
+						p, e, _ := setup(t, md, func(c *consumer.Config) { c.FirstSeen = ordering.FirstSeenBaseline })
 						base := top - 4
 						agg := "big"
 						k := func(s int64) string { return "big-" + strconv.FormatInt(s, 10) }
@@ -120,7 +120,7 @@ func TestHostileInput(t *testing.T) {
 						require.Equal(t, consumer.Applied, r.Outcome)
 						require.Equal(t, 1, r.Drained)
 						require.Equal(t, []int64{base, base + 2, base + 3, top}, e.seqs(t, agg))
-						last, _, err := p.Ordering().Position(ctx, db.Pool, ordering.Aggregate{Type: "order", ID: agg})
+						last, _, err := p.Position(ctx, ordering.Aggregate{Type: "order", ID: agg})
 						require.NoError(t, err)
 						require.Equal(t, top, last)
 					})
@@ -152,7 +152,7 @@ func TestHostileInput(t *testing.T) {
 				res := processAll(t, p, md.batch, rec("o", 1, "k1"), big, rec("o", 4, "k4"))
 				require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.DeadLettered, consumer.Parked}, outcomes(res))
 				l3 := res[1].DeadLetterID
-				gaps, err := p.Ordering().Gaps(ctx, db.Pool)
+				gaps, err := p.Gaps(ctx)
 				require.NoError(t, err)
 				require.Len(t, gaps, 1)
 				require.Equal(t, int64(2), gaps[0].Expected)
@@ -162,7 +162,7 @@ func TestHostileInput(t *testing.T) {
 				n, err := p.ResolveGap(ctx, agg)
 				require.NoError(t, err)
 				require.Zero(t, n, "it stopped below the letter")
-				last, _, err := p.Ordering().Position(ctx, db.Pool, agg)
+				last, _, err := p.Position(ctx, agg)
 				require.NoError(t, err)
 				require.Equal(t, int64(2), last, "2 was skipped, 3 was not")
 				_, err = p.ResolveGap(ctx, agg)
@@ -246,13 +246,13 @@ func TestHostileInput(t *testing.T) {
 			// is a duplicate of that event, not a new letter.
 			t.Run("MalformedRecordWithAnAppliedKeyIsADuplicate", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, md, nil)
+				p, e, _ := setup(t, md, nil)
 				res := processAll(t, p, md.batch, rec("o", 1, "k1"))
 				require.Equal(t, consumer.Applied, res[0].Outcome)
 				again := setHeader(rec("o", 1, "k1"), outbox.HeaderOccurredAt, "yesterday")
 				res = processAll(t, p, 1, again)
 				require.Equal(t, consumer.Duplicate, res[0].Outcome)
-				letters, err := p.DeadLetters().List(ctx, db.Pool, nil)
+				letters, err := p.DeadLetters(ctx, nil)
 				require.NoError(t, err)
 				require.Empty(t, letters)
 				require.Equal(t, []int64{1}, e.seqs(t, "o"))
@@ -386,7 +386,7 @@ func TestTransientErrors(t *testing.T) {
 		var pe *pgconn.PgError
 		require.ErrorAs(t, err, &pe, "handed back undone")
 		require.Equal(t, "55P03", pe.Code)
-		letters, err := p.DeadLetters().List(ctx, db.Pool, nil)
+		letters, err := p.DeadLetters(ctx, nil)
 		require.NoError(t, err)
 		require.Empty(t, letters, "never dead-lettered for the database's failure")
 		require.NoError(t, lock.Rollback(ctx))

@@ -259,8 +259,4 @@ func (e *effects) failKey(key string, err error) { e.setFail("key:"+key, err) }
 type pgxTx = pgx.Tx
 
 // fakeBeginner is a database for tests that never reach it.
-type fakeBeginner struct{}
-
-func (fakeBeginner) Begin(context.Context) (pgx.Tx, error) { return nil, errors.New("fake database") }
-
 func strconvI(i int64) string { return strconv.FormatInt(i, 10) }

@@ -1,6 +1,6 @@
 package consumer_test
 
-// Mocks of Beginner (and Handler), for database faults that a real server
+// Mocks of DB (and Handler), for database faults that a real server
 // cannot be made to produce on cue.
 //go:generate go run go.uber.org/mock/mockgen@v0.6.0 -typed -source=processor.go -destination=processor_mock_test.go -package=consumer_test
 
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/mock/gomock"
@@ -23,18 +24,28 @@ import (
 
 var errConnRefused = errors.New("dial tcp: connection refused")
 
-// flakyDB is a Beginner whose first failures calls to Begin fail, as a
-// database that is down and comes back.
-func flakyDB(t *testing.T, db *pgtest.DB, failures int64) *MockBeginner {
+// flakyDB is the test's pool whose first failures calls to Acquire or
+// Begin fail, as a database that is down and comes back.
+func flakyDB(t *testing.T, db *pgtest.DB, failures int64) *MockDB {
 	t.Helper()
-	m := NewMockBeginner(gomock.NewController(t))
+	m := NewMockDB(gomock.NewController(t))
 	var calls atomic.Int64
+	down := func() bool { return calls.Add(1) <= failures }
+	m.EXPECT().Acquire(gomock.Any()).DoAndReturn(func(ctx context.Context) (*pgxpool.Conn, error) {
+		if down() {
+			return nil, errConnRefused
+		}
+		return db.Pool.Acquire(ctx)
+	}).AnyTimes()
 	m.EXPECT().Begin(gomock.Any()).DoAndReturn(func(ctx context.Context) (pgx.Tx, error) {
-		if calls.Add(1) <= failures {
+		if down() {
 			return nil, errConnRefused
 		}
 		return db.Pool.Begin(ctx)
 	}).AnyTimes()
+	m.EXPECT().Exec(gomock.Any(), gomock.Any(), gomock.Any()).DoAndReturn(db.Pool.Exec).AnyTimes()
+	m.EXPECT().Query(gomock.Any(), gomock.Any(), gomock.Any()).DoAndReturn(db.Pool.Query).AnyTimes()
+	m.EXPECT().QueryRow(gomock.Any(), gomock.Any(), gomock.Any()).DoAndReturn(db.Pool.QueryRow).AnyTimes()
 	return m
 }
 

@@ -7,15 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// poolAcquirer is what *pgxpool.Pool offers beyond Begin: the hot path
-// needs a connection of its own to send BEGIN in the same round trip as its
-// first statement.
-type poolAcquirer interface {
-	Acquire(ctx context.Context) (*pgxpool.Conn, error)
-}
 
 // pipelinedTx is a pgx.Tx whose BEGIN went to the server in one pipeline
 // with the transaction's first statement. pgx's own Tx always spends a
@@ -184,7 +176,7 @@ func (r rowFrom) Scan(dest ...any) error {
 // statement sql in one pipeline, scanning the statement's one row into
 // dest. On success the caller owns the returned transaction and must call
 // release after ending it.
-func beginWith(ctx context.Context, pool poolAcquirer, sql string, args []any, dest ...any) (*pipelinedTx, func(), error) {
+func beginWith(ctx context.Context, pool DB, sql string, args []any, dest ...any) (*pipelinedTx, func(), error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("consumer: acquire connection: %w", err)

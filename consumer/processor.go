@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
@@ -38,11 +40,17 @@ type HandlerFunc func(ctx context.Context, tx pgx.Tx, m *Message) error
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, m *Message) error { return f(ctx, tx, m) }
 
-// Beginner starts a transaction. *pgxpool.Pool satisfies it. Use the
-// primary: dedupe, positions and dead letters must never be read from a
-// replica.
-type Beginner interface {
+// DB is the database handle a Processor needs: outbox.DB's methods, and
+// connections of its own (Acquire), on which it sends BEGIN in one round
+// trip with a record's first statement. *pgxpool.Pool satisfies it; a
+// wrapper of a pool must offer all of it. Use the primary: dedupe,
+// positions and dead letters must never be read from a replica.
+type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // Processor applies records through a handler with dedupe, ordering and
@@ -50,7 +58,7 @@ type Beginner interface {
 // use, but records of one partition must be given to it one after another,
 // in offset order, for ordering's parking to mean anything.
 type Processor struct {
-	db       Beginner
+	db       DB
 	h        Handler
 	bh       BatchHandler // h when it is one, else nil
 	cfg      Config
@@ -77,7 +85,7 @@ type Processor struct {
 // processed keys, positions and dead letters: give each consuming service
 // its own. When h is also a BatchHandler, ProcessBatch applies a batch
 // through one HandleBatch call on its happy path.
-func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error) {
+func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 	if db == nil || h == nil {
 		return nil, errors.New("consumer: Handle needs a database and a handler")
 	}
@@ -110,15 +118,6 @@ func Handle(db Beginner, name string, h Handler, cfg *Config) (*Processor, error
 
 // Name returns the consumer name.
 func (p *Processor) Name() string { return p.name }
-
-// Dedupe returns the processed-keys store, for pruning.
-func (p *Processor) Dedupe() *dedupe.Store { return p.dedupe }
-
-// Ordering returns the position tracker, for the operator's view of gaps.
-func (p *Processor) Ordering() *ordering.Tracker { return p.ordering }
-
-// DeadLetters returns the dead-letter store, for listing.
-func (p *Processor) DeadLetters() *deadletter.Store { return p.dead }
 
 // Process applies rec in its own transaction and returns what happened. A
 // nil error means the record is done with (applied, duplicate, parked or
@@ -233,29 +232,17 @@ func notDone(ctx context.Context, m *Message, what string) error {
 
 // attemptOnce runs one transaction for m. ran says whether the handler ran.
 func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, error) {
-	var (
-		tx  pgx.Tx
-		pre *claimed
-	)
-	if pool, ok := p.db.(poolAcquirer); ok {
-		// BEGIN travels with the claim: one round trip fewer per record.
-		sql, args := p.firstStatement(m)
-		var c claimed
-		ptx, release, err := beginWith(ctx, pool, sql, args, &c.fresh, &c.parked)
-		if err != nil {
-			return Result{}, false, infra(fmt.Errorf("consumer: begin and claim key: %w", err))
-		}
-		defer release()
-		tx, pre = ptx, &c
-	} else {
-		var err error
-		if tx, err = p.db.Begin(ctx); err != nil {
-			return Result{}, false, infra(fmt.Errorf("consumer: begin: %w", err))
-		}
+	// BEGIN travels with the claim: one round trip fewer per record.
+	sql, args := p.firstStatement(m)
+	var pre claimed
+	tx, release, err := beginWith(ctx, p.db, sql, args, &pre.fresh, &pre.parked)
+	if err != nil {
+		return Result{}, false, infra(fmt.Errorf("consumer: begin and claim key: %w", err))
 	}
+	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	defer p.track(tx)()
-	res, ran, err := p.apply(ctx, tx, m, true, pre)
+	res, ran, err := p.apply(ctx, tx, m, true, &pre)
 	if err != nil {
 		return Result{}, ran, connectionLost(tx, err)
 	}
@@ -525,10 +512,8 @@ func (p *Processor) terminate(ctx context.Context, pids []uint32) error {
 	for i, pid := range pids {
 		ids[i] = int64(pid)
 	}
-	return pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, ids)
-		return err
-	})
+	_, err := p.db.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, ids)
+	return err
 }
 
 func (p *Processor) backoff(attempt int) time.Duration {

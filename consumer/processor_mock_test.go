@@ -15,6 +15,8 @@ import (
 
 	consumer "github.com/d419a114/outbox/consumer"
 	pgx "github.com/jackc/pgx/v5"
+	pgconn "github.com/jackc/pgx/v5/pgconn"
+	pgxpool "github.com/jackc/pgx/v5/pgxpool"
 	gomock "go.uber.org/mock/gomock"
 )
 
@@ -80,32 +82,71 @@ func (c *MockHandlerHandleCall) DoAndReturn(f func(context.Context, pgx.Tx, *con
 	return c
 }
 
-// MockBeginner is a mock of Beginner interface.
-type MockBeginner struct {
+// MockDB is a mock of DB interface.
+type MockDB struct {
 	ctrl     *gomock.Controller
-	recorder *MockBeginnerMockRecorder
+	recorder *MockDBMockRecorder
 	isgomock struct{}
 }
 
-// MockBeginnerMockRecorder is the mock recorder for MockBeginner.
-type MockBeginnerMockRecorder struct {
-	mock *MockBeginner
+// MockDBMockRecorder is the mock recorder for MockDB.
+type MockDBMockRecorder struct {
+	mock *MockDB
 }
 
-// NewMockBeginner creates a new mock instance.
-func NewMockBeginner(ctrl *gomock.Controller) *MockBeginner {
-	mock := &MockBeginner{ctrl: ctrl}
-	mock.recorder = &MockBeginnerMockRecorder{mock}
+// NewMockDB creates a new mock instance.
+func NewMockDB(ctrl *gomock.Controller) *MockDB {
+	mock := &MockDB{ctrl: ctrl}
+	mock.recorder = &MockDBMockRecorder{mock}
 	return mock
 }
 
 // EXPECT returns an object that allows the caller to indicate expected use.
-func (m *MockBeginner) EXPECT() *MockBeginnerMockRecorder {
+func (m *MockDB) EXPECT() *MockDBMockRecorder {
 	return m.recorder
 }
 
+// Acquire mocks base method.
+func (m *MockDB) Acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	m.ctrl.T.Helper()
+	ret := m.ctrl.Call(m, "Acquire", ctx)
+	ret0, _ := ret[0].(*pgxpool.Conn)
+	ret1, _ := ret[1].(error)
+	return ret0, ret1
+}
+
+// Acquire indicates an expected call of Acquire.
+func (mr *MockDBMockRecorder) Acquire(ctx any) *MockDBAcquireCall {
+	mr.mock.ctrl.T.Helper()
+	call := mr.mock.ctrl.RecordCallWithMethodType(mr.mock, "Acquire", reflect.TypeOf((*MockDB)(nil).Acquire), ctx)
+	return &MockDBAcquireCall{Call: call}
+}
+
+// MockDBAcquireCall wrap *gomock.Call
+type MockDBAcquireCall struct {
+	*gomock.Call
+}
+
+// Return rewrite *gomock.Call.Return
+func (c *MockDBAcquireCall) Return(arg0 *pgxpool.Conn, arg1 error) *MockDBAcquireCall {
+	c.Call = c.Call.Return(arg0, arg1)
+	return c
+}
+
+// Do rewrite *gomock.Call.Do
+func (c *MockDBAcquireCall) Do(f func(context.Context) (*pgxpool.Conn, error)) *MockDBAcquireCall {
+	c.Call = c.Call.Do(f)
+	return c
+}
+
+// DoAndReturn rewrite *gomock.Call.DoAndReturn
+func (c *MockDBAcquireCall) DoAndReturn(f func(context.Context) (*pgxpool.Conn, error)) *MockDBAcquireCall {
+	c.Call = c.Call.DoAndReturn(f)
+	return c
+}
+
 // Begin mocks base method.
-func (m *MockBeginner) Begin(ctx context.Context) (pgx.Tx, error) {
+func (m *MockDB) Begin(ctx context.Context) (pgx.Tx, error) {
 	m.ctrl.T.Helper()
 	ret := m.ctrl.Call(m, "Begin", ctx)
 	ret0, _ := ret[0].(pgx.Tx)
@@ -114,31 +155,162 @@ func (m *MockBeginner) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // Begin indicates an expected call of Begin.
-func (mr *MockBeginnerMockRecorder) Begin(ctx any) *MockBeginnerBeginCall {
+func (mr *MockDBMockRecorder) Begin(ctx any) *MockDBBeginCall {
 	mr.mock.ctrl.T.Helper()
-	call := mr.mock.ctrl.RecordCallWithMethodType(mr.mock, "Begin", reflect.TypeOf((*MockBeginner)(nil).Begin), ctx)
-	return &MockBeginnerBeginCall{Call: call}
+	call := mr.mock.ctrl.RecordCallWithMethodType(mr.mock, "Begin", reflect.TypeOf((*MockDB)(nil).Begin), ctx)
+	return &MockDBBeginCall{Call: call}
 }
 
-// MockBeginnerBeginCall wrap *gomock.Call
-type MockBeginnerBeginCall struct {
+// MockDBBeginCall wrap *gomock.Call
+type MockDBBeginCall struct {
 	*gomock.Call
 }
 
 // Return rewrite *gomock.Call.Return
-func (c *MockBeginnerBeginCall) Return(arg0 pgx.Tx, arg1 error) *MockBeginnerBeginCall {
+func (c *MockDBBeginCall) Return(arg0 pgx.Tx, arg1 error) *MockDBBeginCall {
 	c.Call = c.Call.Return(arg0, arg1)
 	return c
 }
 
 // Do rewrite *gomock.Call.Do
-func (c *MockBeginnerBeginCall) Do(f func(context.Context) (pgx.Tx, error)) *MockBeginnerBeginCall {
+func (c *MockDBBeginCall) Do(f func(context.Context) (pgx.Tx, error)) *MockDBBeginCall {
 	c.Call = c.Call.Do(f)
 	return c
 }
 
 // DoAndReturn rewrite *gomock.Call.DoAndReturn
-func (c *MockBeginnerBeginCall) DoAndReturn(f func(context.Context) (pgx.Tx, error)) *MockBeginnerBeginCall {
+func (c *MockDBBeginCall) DoAndReturn(f func(context.Context) (pgx.Tx, error)) *MockDBBeginCall {
+	c.Call = c.Call.DoAndReturn(f)
+	return c
+}
+
+// Exec mocks base method.
+func (m *MockDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	m.ctrl.T.Helper()
+	varargs := []any{ctx, sql}
+	for _, a := range args {
+		varargs = append(varargs, a)
+	}
+	ret := m.ctrl.Call(m, "Exec", varargs...)
+	ret0, _ := ret[0].(pgconn.CommandTag)
+	ret1, _ := ret[1].(error)
+	return ret0, ret1
+}
+
+// Exec indicates an expected call of Exec.
+func (mr *MockDBMockRecorder) Exec(ctx, sql any, args ...any) *MockDBExecCall {
+	mr.mock.ctrl.T.Helper()
+	varargs := append([]any{ctx, sql}, args...)
+	call := mr.mock.ctrl.RecordCallWithMethodType(mr.mock, "Exec", reflect.TypeOf((*MockDB)(nil).Exec), varargs...)
+	return &MockDBExecCall{Call: call}
+}
+
+// MockDBExecCall wrap *gomock.Call
+type MockDBExecCall struct {
+	*gomock.Call
+}
+
+// Return rewrite *gomock.Call.Return
+func (c *MockDBExecCall) Return(arg0 pgconn.CommandTag, arg1 error) *MockDBExecCall {
+	c.Call = c.Call.Return(arg0, arg1)
+	return c
+}
+
+// Do rewrite *gomock.Call.Do
+func (c *MockDBExecCall) Do(f func(context.Context, string, ...any) (pgconn.CommandTag, error)) *MockDBExecCall {
+	c.Call = c.Call.Do(f)
+	return c
+}
+
+// DoAndReturn rewrite *gomock.Call.DoAndReturn
+func (c *MockDBExecCall) DoAndReturn(f func(context.Context, string, ...any) (pgconn.CommandTag, error)) *MockDBExecCall {
+	c.Call = c.Call.DoAndReturn(f)
+	return c
+}
+
+// Query mocks base method.
+func (m *MockDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	m.ctrl.T.Helper()
+	varargs := []any{ctx, sql}
+	for _, a := range args {
+		varargs = append(varargs, a)
+	}
+	ret := m.ctrl.Call(m, "Query", varargs...)
+	ret0, _ := ret[0].(pgx.Rows)
+	ret1, _ := ret[1].(error)
+	return ret0, ret1
+}
+
+// Query indicates an expected call of Query.
+func (mr *MockDBMockRecorder) Query(ctx, sql any, args ...any) *MockDBQueryCall {
+	mr.mock.ctrl.T.Helper()
+	varargs := append([]any{ctx, sql}, args...)
+	call := mr.mock.ctrl.RecordCallWithMethodType(mr.mock, "Query", reflect.TypeOf((*MockDB)(nil).Query), varargs...)
+	return &MockDBQueryCall{Call: call}
+}
+
+// MockDBQueryCall wrap *gomock.Call
+type MockDBQueryCall struct {
+	*gomock.Call
+}
+
+// Return rewrite *gomock.Call.Return
+func (c *MockDBQueryCall) Return(arg0 pgx.Rows, arg1 error) *MockDBQueryCall {
+	c.Call = c.Call.Return(arg0, arg1)
+	return c
+}
+
+// Do rewrite *gomock.Call.Do
+func (c *MockDBQueryCall) Do(f func(context.Context, string, ...any) (pgx.Rows, error)) *MockDBQueryCall {
+	c.Call = c.Call.Do(f)
+	return c
+}
+
+// DoAndReturn rewrite *gomock.Call.DoAndReturn
+func (c *MockDBQueryCall) DoAndReturn(f func(context.Context, string, ...any) (pgx.Rows, error)) *MockDBQueryCall {
+	c.Call = c.Call.DoAndReturn(f)
+	return c
+}
+
+// QueryRow mocks base method.
+func (m *MockDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	m.ctrl.T.Helper()
+	varargs := []any{ctx, sql}
+	for _, a := range args {
+		varargs = append(varargs, a)
+	}
+	ret := m.ctrl.Call(m, "QueryRow", varargs...)
+	ret0, _ := ret[0].(pgx.Row)
+	return ret0
+}
+
+// QueryRow indicates an expected call of QueryRow.
+func (mr *MockDBMockRecorder) QueryRow(ctx, sql any, args ...any) *MockDBQueryRowCall {
+	mr.mock.ctrl.T.Helper()
+	varargs := append([]any{ctx, sql}, args...)
+	call := mr.mock.ctrl.RecordCallWithMethodType(mr.mock, "QueryRow", reflect.TypeOf((*MockDB)(nil).QueryRow), varargs...)
+	return &MockDBQueryRowCall{Call: call}
+}
+
+// MockDBQueryRowCall wrap *gomock.Call
+type MockDBQueryRowCall struct {
+	*gomock.Call
+}
+
+// Return rewrite *gomock.Call.Return
+func (c *MockDBQueryRowCall) Return(arg0 pgx.Row) *MockDBQueryRowCall {
+	c.Call = c.Call.Return(arg0)
+	return c
+}
+
+// Do rewrite *gomock.Call.Do
+func (c *MockDBQueryRowCall) Do(f func(context.Context, string, ...any) pgx.Row) *MockDBQueryRowCall {
+	c.Call = c.Call.Do(f)
+	return c
+}
+
+// DoAndReturn rewrite *gomock.Call.DoAndReturn
+func (c *MockDBQueryRowCall) DoAndReturn(f func(context.Context, string, ...any) pgx.Row) *MockDBQueryRowCall {
 	c.Call = c.Call.DoAndReturn(f)
 	return c
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/mock/gomock"
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
@@ -19,7 +20,7 @@ import (
 func TestHandleConfig(t *testing.T) {
 	t.Parallel()
 	h := consumer.HandlerFunc(func(context.Context, pgxTx, *consumer.Message) error { return nil })
-	db := fakeBeginner{}
+	db := NewMockDB(gomock.NewController(t)) // never called: Handle only checks its config
 	tests := []struct {
 		name    string
 		cname   string
@@ -92,7 +93,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("OutOfOrderRecordsParkAndDrainInOrder", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode, nil)
+				p, e, _ := setup(t, mode, nil)
 				res := processAll(t, p, mode.batch,
 					rec("o-1", 1, "a1"), rec("o-1", 3, "a3"), rec("o-1", 4, "a4"), rec("o-2", 1, "b1"),
 					rec("o-1", 3, "a3"), // redelivered while parked
@@ -103,7 +104,7 @@ func TestProcessor(t *testing.T) {
 				require.Equal(t, []int64{1, 2, 3, 4, 5}, e.seqs(t, "o-1"))
 
 				// 6 never comes: the operator sees the gap and skips it.
-				gaps, err := p.Ordering().Gaps(ctx, db.Pool)
+				gaps, err := p.Gaps(ctx)
 				require.NoError(t, err)
 				require.Len(t, gaps, 1)
 				require.Equal(t, ordering.OpenGap{Aggregate: ordering.Aggregate{Type: "order", ID: "o-1"}, Last: 5, Expected: 6,
@@ -120,7 +121,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("PoisonRecordIsDeadLetteredAndHoldsOnlyItsAggregate", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode, nil)
+				p, e, _ := setup(t, mode, nil)
 				e.setFail("bad", errBroken)
 				res := processAll(t, p, mode.batch,
 					rec("bad", 1, "x1"), rec("good", 1, "g1"), rec("bad", 2, "x2"), rec("good", 2, "g2"), rec("bad", 3, "x3"), rec("free", 0, "f"))
@@ -131,13 +132,13 @@ func TestProcessor(t *testing.T) {
 				require.Zero(t, e.callsOf("x2"), "successors are parked, not tried")
 				require.Equal(t, []int64{1, 2}, e.seqs(t, "good"))
 
-				letters, err := p.DeadLetters().List(ctx, db.Pool, &deadletter.ListOpts{Consumer: "svc", Status: deadletter.StatusDead})
+				letters, err := p.DeadLetters(ctx, &deadletter.ListOpts{Consumer: "svc", Status: deadletter.StatusDead})
 				require.NoError(t, err)
 				require.Len(t, letters, 1)
 				require.Contains(t, letters[0].Error, "downstream broken")
 				require.Equal(t, 3, letters[0].Attempts)
 				require.EqualValues(t, 1, letters[0].Seq)
-				gaps, err := p.Ordering().Gaps(ctx, db.Pool)
+				gaps, err := p.Gaps(ctx)
 				require.NoError(t, err)
 				require.Len(t, gaps, 1)
 				require.Equal(t, letters[0].ID, gaps[0].DeadLetterID)
@@ -176,13 +177,13 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("PanicIsRecoveredWithItsStack", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode, nil)
+				p, e, _ := setup(t, mode, nil)
 				e.mu.Lock()
 				e.panicOn["bad"] = true
 				e.mu.Unlock()
 				res := processAll(t, p, mode.batch, rec("bad", 1, "x"), rec("ok", 1, "y"))
 				require.Equal(t, []consumer.Outcome{consumer.DeadLettered, consumer.Applied}, outcomes(res))
-				l, err := p.DeadLetters().Get(ctx, db.Pool, res[0].DeadLetterID)
+				l, err := p.DeadLetter(ctx, res[0].DeadLetterID)
 				require.NoError(t, err)
 				require.Contains(t, l.Error, "handler panicked: handler bug for bad")
 				require.Contains(t, l.Stack, "effects).Handle")
@@ -190,7 +191,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("DiscardReleasesSuccessors", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode, nil)
+				p, e, _ := setup(t, mode, nil)
 				e.setFail("bad", consumer.Permanent(errBroken))
 				res := processAll(t, p, mode.batch, rec("bad", 1, "x1"))
 				e.setFail("bad", nil)
@@ -200,7 +201,7 @@ func TestProcessor(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, 2, n)
 				require.Equal(t, []int64{2, 3}, e.seqs(t, "bad"))
-				l, err := p.DeadLetters().Get(ctx, db.Pool, res[0].DeadLetterID)
+				l, err := p.DeadLetter(ctx, res[0].DeadLetterID)
 				require.NoError(t, err)
 				require.Equal(t, deadletter.StatusDiscarded, l.Status)
 				res = processAll(t, p, mode.batch, rec("bad", 1, "x1"))
@@ -209,7 +210,7 @@ func TestProcessor(t *testing.T) {
 
 			t.Run("FailingDrainedRecordIsDeadLetteredAlone", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, mode, nil)
+				p, e, _ := setup(t, mode, nil)
 				res := processAll(t, p, mode.batch, rec("mid", 1, "m1"), rec("mid", 2, "m2"), rec("mid", 3, "m3"))
 				require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied, consumer.Applied}, outcomes(res))
 				res = processAll(t, p, mode.batch, rec("mid", 5, "m5"), rec("mid", 6, "m6"))
@@ -221,7 +222,7 @@ func TestProcessor(t *testing.T) {
 				require.Equal(t, consumer.Applied, res[0].Outcome)
 				require.Zero(t, res[0].Drained)
 				require.Equal(t, []int64{1, 2, 3, 4}, e.seqs(t, "mid"))
-				letters, err := p.DeadLetters().List(ctx, db.Pool, nil)
+				letters, err := p.DeadLetters(ctx, nil)
 				require.NoError(t, err)
 				require.Len(t, letters, 1)
 				require.EqualValues(t, 5, letters[0].Seq)
@@ -343,7 +344,7 @@ func TestProcessor(t *testing.T) {
 				s.effects = append(s.effects, v)
 			}
 			require.NoError(t, rows.Err())
-			ls, err := p.DeadLetters().List(ctx, db.Pool, nil)
+			ls, err := p.DeadLetters(ctx, nil)
 			require.NoError(t, err)
 			for _, l := range ls {
 				s.letters = append(s.letters, fmt.Sprintf("%s:%s:%d attempts", l.IdempotencyKey, strings.SplitN(l.Error, ":", 2)[0], l.Attempts))
@@ -406,7 +407,7 @@ func TestBadInput(t *testing.T) {
 			require.Equal(t, consumer.DeadLettered, res.Outcome)
 			require.ErrorContains(t, res.Err, tt.wantErr)
 			require.True(t, consumer.IsPermanent(res.Err))
-			l, err := p.DeadLetters().Get(ctx, db.Pool, res.DeadLetterID)
+			l, err := p.DeadLetter(ctx, res.DeadLetterID)
 			require.NoError(t, err)
 			require.Contains(t, l.Error, tt.wantErr)
 			require.Equal(t, tt.rec.Value, l.Record.Value, "the whole record is kept")

@@ -11,16 +11,6 @@ import (
 	"github.com/d419a114/outbox/ordering"
 )
 
-// ErrNotNext is returned by Discard for a dead letter whose aggregate still
-// misses an earlier sequence: discarding it would skip that one too.
-// Resolve the earlier gap or dead letter first.
-var ErrNotNext = errors.New("consumer: an earlier sequence of the aggregate is still missing")
-
-// ErrSequencePassed is returned by Replay for a dead letter whose aggregate
-// has moved past its sequence (ResolveGap skipped it, or another event took
-// it): applying it now would break the aggregate's order. Discard it.
-var ErrSequencePassed = errors.New("consumer: the aggregate has moved past the letter's sequence")
-
 // Replay applies the open dead letter id again, in one transaction, through
 // the same path as a fresh record: the key is claimed, the sequence checked,
 // the handler run once (no retries: the operator sees the error), and the
@@ -39,7 +29,7 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 	var res Result
 	err := p.dead.Replay(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
 		if l.Consumer != p.name {
-			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q", id, l.Consumer, p.name)
+			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q: %w", id, l.Consumer, p.name, ErrWrongConsumer)
 		}
 		m, err := parse(l.Record, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 		if err != nil {
@@ -79,7 +69,7 @@ func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 	drained := 0
 	err := p.dead.Discard(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
 		if l.Consumer != p.name {
-			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q", id, l.Consumer, p.name)
+			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q: %w", id, l.Consumer, p.name, ErrWrongConsumer)
 		}
 		if l.IdempotencyKey != "" {
 			if _, err := p.dedupe.Claim(ctx, tx, l.IdempotencyKey); err != nil {
@@ -139,12 +129,12 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 			}
 		}
 		if found == nil {
-			return fmt.Errorf("consumer: %s has no open gap", agg)
+			return fmt.Errorf("consumer: %s: %w", agg, ErrNoGap)
 		}
 		to = found.FirstParked - 1
 		if found.DeadLetterID != 0 {
 			if found.DeadLetterSeq == found.Expected {
-				return fmt.Errorf("consumer: the gap of %s is dead letter %d (seq %d); replay or discard it", agg, found.DeadLetterID, found.DeadLetterSeq)
+				return &GapHeldError{Aggregate: agg, DeadLetterID: found.DeadLetterID, Seq: found.DeadLetterSeq}
 			}
 			to = found.DeadLetterSeq - 1
 		}

@@ -13,4 +13,10 @@
 // that re-applies the record (dedupe, ordering, the handler, draining the
 // successors parked behind it) is passed in by the consumer package, which
 // exposes it as consumer.Processor's Replay and Discard.
+//
+// This package is a building block of consumer.Processor: a letter put
+// without holding its aggregate lets the aggregate's next record overtake
+// it. List and Get are safe for anyone; operate a running consumer's
+// letters through the Processor's DeadLetters, DeadLetter, Replay and
+// Discard.
 package deadletter

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/deadletter"
@@ -22,11 +23,15 @@ func Example() {
 	}
 	defer func() { _ = closeDB() }()
 	store := deadletter.New(&deadletter.Config{Schema: db.Schema})
-	_, err = store.Put(ctx, db.Pool, &deadletter.Letter{
-		Consumer: "billing",
-		Record:   &kgo.Record{Topic: "orders", Partition: 0, Offset: 17, Key: []byte("o-9"), Value: []byte(`{"total":-1}`)},
-		Error:    "negative total",
-		Attempts: 5,
+	// A letter is put in the transaction that gives up on its record.
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		_, err := store.Put(ctx, tx, &deadletter.Letter{
+			Consumer: "billing",
+			Record:   &kgo.Record{Topic: "orders", Partition: 0, Offset: 17, Key: []byte("o-9"), Value: []byte(`{"total":-1}`)},
+			Error:    "negative total",
+			Attempts: 5,
+		})
+		return err
 	})
 	if err != nil {
 		fmt.Println(err)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
@@ -61,13 +60,6 @@ type Letter struct {
 	ResolvedAt *time.Time
 }
 
-// Querier runs SQL; pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Config tunes a Store. The zero value is valid.
 type Config struct {
 	// Schema holds the dead_letters table. Default outbox.DefaultSchema.
@@ -95,7 +87,7 @@ func New(cfg *Config) *Store {
 // same place gets a letter of its own. A record whose letter was replayed or
 // discarded already is not stored again: Put returns an error wrapping
 // ErrResolved and changes nothing.
-func (s *Store) Put(ctx context.Context, tx Querier, l *Letter) (int64, error) {
+func (s *Store) Put(ctx context.Context, tx pgx.Tx, l *Letter) (int64, error) {
 	if l.Consumer == "" || l.Record == nil {
 		return 0, errors.New("deadletter: put: letter needs a consumer and a record")
 	}
@@ -120,12 +112,12 @@ func (s *Store) Put(ctx context.Context, tx Querier, l *Letter) (int64, error) {
 }
 
 // Get returns the letter with id, or ErrNotFound.
-func (s *Store) Get(ctx context.Context, db Querier, id int64) (*Letter, error) {
+func (s *Store) Get(ctx context.Context, db outbox.DB, id int64) (*Letter, error) {
 	return s.get(ctx, db, s.sql.Get, id)
 }
 
 // get runs sql, Get or GetForUpdate, for id.
-func (s *Store) get(ctx context.Context, db Querier, sql string, id int64) (*Letter, error) {
+func (s *Store) get(ctx context.Context, db outbox.DB, sql string, id int64) (*Letter, error) {
 	rows, err := db.Query(ctx, sql, id)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: get %d: %w", id, err)
@@ -154,7 +146,7 @@ type ListOpts struct {
 }
 
 // List returns letters matching opts, oldest (lowest id) first.
-func (s *Store) List(ctx context.Context, db Querier, opts *ListOpts) ([]*Letter, error) {
+func (s *Store) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]*Letter, error) {
 	if opts == nil {
 		opts = &ListOpts{}
 	}
@@ -174,12 +166,6 @@ func (s *Store) List(ctx context.Context, db Querier, opts *ListOpts) ([]*Letter
 	return ls, nil
 }
 
-// Beginner starts a transaction; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy
-// it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // ResolveFunc does the work of a replay or discard inside tx, with the
 // letter's row locked.
 type ResolveFunc func(ctx context.Context, tx pgx.Tx, l *Letter) error
@@ -187,17 +173,17 @@ type ResolveFunc func(ctx context.Context, tx pgx.Tx, l *Letter) error
 // Replay runs fn for the open letter id in one transaction that also marks
 // it replayed. If fn fails, nothing changes and its error is returned. A
 // letter that is not open gives ErrResolved.
-func (s *Store) Replay(ctx context.Context, db Beginner, id int64, fn ResolveFunc) error {
+func (s *Store) Replay(ctx context.Context, db outbox.DB, id int64, fn ResolveFunc) error {
 	return s.resolve(ctx, db, id, StatusReplayed, fn)
 }
 
 // Discard marks the open letter id discarded, running fn (which may be nil)
 // in the same transaction.
-func (s *Store) Discard(ctx context.Context, db Beginner, id int64, fn ResolveFunc) error {
+func (s *Store) Discard(ctx context.Context, db outbox.DB, id int64, fn ResolveFunc) error {
 	return s.resolve(ctx, db, id, StatusDiscarded, fn)
 }
 
-func (s *Store) resolve(ctx context.Context, db Beginner, id int64, to Status, fn ResolveFunc) error {
+func (s *Store) resolve(ctx context.Context, db outbox.DB, id int64, to Status, fn ResolveFunc) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("deadletter: begin: %w", err)

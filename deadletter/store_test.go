@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -38,7 +39,7 @@ func TestStore(t *testing.T) {
 		t.Parallel()
 		s, db := setup(t)
 		in := letter("svc", "orders", 7, "o-1")
-		id, err := s.Put(ctx, db.Pool, in)
+		id, err := put(ctx, s, db.Pool, in)
 		require.NoError(t, err)
 		got, err := s.Get(ctx, db.Pool, id)
 		require.NoError(t, err)
@@ -65,7 +66,7 @@ func TestStore(t *testing.T) {
 		in := letter("svc", "orders", 1, "o-1")
 		in.Record.Headers = []kgo.RecordHeader{{Key: "a\x00b\xff", Value: []byte("v")}}
 		in.Error = "bad \xff error"
-		id, err := s.Put(ctx, db.Pool, in)
+		id, err := put(ctx, s, db.Pool, in)
 		require.NoError(t, err)
 		got, err := s.Get(ctx, db.Pool, id)
 		require.NoError(t, err)
@@ -76,11 +77,11 @@ func TestStore(t *testing.T) {
 	t.Run("PutTwiceUpdatesOneRow", func(t *testing.T) {
 		t.Parallel()
 		s, db := setup(t)
-		id1, err := s.Put(ctx, db.Pool, letter("svc", "orders", 7, "o-1"))
+		id1, err := put(ctx, s, db.Pool, letter("svc", "orders", 7, "o-1"))
 		require.NoError(t, err)
 		again := letter("svc", "orders", 7, "o-1")
 		again.Error = "boom again"
-		id2, err := s.Put(ctx, db.Pool, again)
+		id2, err := put(ctx, s, db.Pool, again)
 		require.NoError(t, err)
 		require.Equal(t, id1, id2)
 		got, err := s.Get(ctx, db.Pool, id1)
@@ -105,7 +106,7 @@ func TestStore(t *testing.T) {
 			letter("svc", "invoices", 3, "o-1"),
 			letter("other", "orders", 4, "o-1"),
 		} {
-			_, err := s.Put(ctx, db.Pool, l)
+			_, err := put(ctx, s, db.Pool, l)
 			require.NoError(t, err, i)
 		}
 		list := func(o *deadletter.ListOpts) []int64 {
@@ -133,7 +134,7 @@ func TestStore(t *testing.T) {
 	t.Run("ReplayMarksReplayedOnceAndOnlyOnSuccess", func(t *testing.T) {
 		t.Parallel()
 		s, db := setup(t)
-		id, err := s.Put(ctx, db.Pool, letter("svc", "orders", 1, "o-1"))
+		id, err := put(ctx, s, db.Pool, letter("svc", "orders", 1, "o-1"))
 		require.NoError(t, err)
 		boom := errors.New("still broken")
 		err = s.Replay(ctx, db.Pool, id, func(context.Context, pgx.Tx, *deadletter.Letter) error { return boom })
@@ -165,7 +166,7 @@ func TestStore(t *testing.T) {
 	t.Run("ConcurrentReplaysRunOnce", func(t *testing.T) {
 		t.Parallel()
 		s, db := setup(t)
-		id, err := s.Put(ctx, db.Pool, letter("svc", "orders", 1, "o-1"))
+		id, err := put(ctx, s, db.Pool, letter("svc", "orders", 1, "o-1"))
 		require.NoError(t, err)
 		inside := make(chan struct{})
 		release := make(chan struct{})
@@ -188,4 +189,13 @@ func TestStore(t *testing.T) {
 		require.NoError(t, <-first)
 		require.ErrorIs(t, <-second, deadletter.ErrResolved)
 	})
+}
+
+// put stores l in a transaction of its own.
+func put(ctx context.Context, s *deadletter.Store, db *pgxpool.Pool, l *deadletter.Letter) (id int64, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		id, err = s.Put(ctx, tx, l)
+		return err
+	})
+	return id, err
 }

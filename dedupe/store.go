@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/tables"
@@ -19,13 +18,6 @@ const DefaultRetention = 7 * 24 * time.Hour
 // ErrEmptyKey is returned when a claim is asked for an empty key: an empty
 // key would make every keyless message a duplicate of the first.
 var ErrEmptyKey = errors.New("dedupe: empty key")
-
-// Querier runs SQL. pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it; claims
-// are meant to run in a pgx.Tx that also holds the effect.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
 
 // Config tunes a Store. The zero value is valid.
 type Config struct {
@@ -93,7 +85,7 @@ func (s *Store) Retention() time.Duration { return s.retention }
 // False means the key was claimed before (by a committed transaction, or by
 // a concurrent one that then committed): the caller must skip the effect. A
 // concurrent claimer of the same key blocks until the first one ends.
-func (s *Store) Claim(ctx context.Context, tx Querier, key string) (bool, error) {
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, key string) (bool, error) {
 	if key == "" {
 		return false, ErrEmptyKey
 	}
@@ -107,7 +99,7 @@ func (s *Store) Claim(ctx context.Context, tx Querier, key string) (bool, error)
 // ClaimMany claims keys in one statement and reports, per key, whether this
 // transaction got it. A key repeated within keys is claimed at its first
 // position only.
-func (s *Store) ClaimMany(ctx context.Context, tx Querier, keys []string) ([]bool, error) {
+func (s *Store) ClaimMany(ctx context.Context, tx pgx.Tx, keys []string) ([]bool, error) {
 	for _, k := range keys {
 		if k == "" {
 			return nil, ErrEmptyKey
@@ -137,9 +129,7 @@ func (s *Store) ClaimMany(ctx context.Context, tx Querier, keys []string) ([]boo
 
 // Claimed reports whether key is claimed, by a committed transaction or by
 // tx itself.
-func (s *Store) Claimed(ctx context.Context, tx interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, key string) (bool, error) {
+func (s *Store) Claimed(ctx context.Context, tx pgx.Tx, key string) (bool, error) {
 	var ok bool
 	if err := tx.QueryRow(ctx, s.sql.Claimed, s.consumer, key).Scan(&ok); err != nil {
 		return false, fmt.Errorf("dedupe: look up key: %w", err)
@@ -150,7 +140,7 @@ func (s *Store) Claimed(ctx context.Context, tx interface {
 // Release removes the claim of key inside tx, so that the key can be
 // claimed again: for a record that was taken into custody (parked) and then
 // given up on, so that a later replay is not mistaken for a duplicate.
-func (s *Store) Release(ctx context.Context, tx Querier, key string) error {
+func (s *Store) Release(ctx context.Context, tx pgx.Tx, key string) error {
 	if _, err := tx.Exec(ctx, s.sql.Release, s.consumer, key); err != nil {
 		return fmt.Errorf("dedupe: release key: %w", err)
 	}
@@ -161,13 +151,13 @@ func (s *Store) Release(ctx context.Context, tx Querier, key string) error {
 // window, in batches of PruneBatchSize, each its own statement, until none
 // is left or ctx ends. It returns how many keys it deleted. Run it
 // periodically on the primary.
-func (s *Store) Prune(ctx context.Context, db Querier) (int64, error) {
+func (s *Store) Prune(ctx context.Context, db outbox.DB) (int64, error) {
 	return s.PruneBefore(ctx, db, time.Now().Add(-s.retention))
 }
 
 // PruneBefore is Prune with an explicit cutoff: it deletes keys claimed
 // before cutoff.
-func (s *Store) PruneBefore(ctx context.Context, db Querier, cutoff time.Time) (int64, error) {
+func (s *Store) PruneBefore(ctx context.Context, db outbox.DB, cutoff time.Time) (int64, error) {
 	var total int64
 	for {
 		tag, err := db.Exec(ctx, s.sql.Prune, s.consumer, cutoff, s.batch)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/dedupe"
@@ -95,9 +96,12 @@ func TestStore(t *testing.T) {
 	t.Run("EmptyKeyIsAnError", func(t *testing.T) {
 		t.Parallel()
 		s, db := setup(t, "svc", nil)
-		_, err := s.Claim(ctx, db.Pool, "")
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = s.Claim(ctx, tx, "")
 		require.ErrorIs(t, err, dedupe.ErrEmptyKey)
-		_, err = s.ClaimMany(ctx, db.Pool, []string{"a", ""})
+		_, err = s.ClaimMany(ctx, tx, []string{"a", ""})
 		require.ErrorIs(t, err, dedupe.ErrEmptyKey)
 	})
 
@@ -169,10 +173,13 @@ func TestStore(t *testing.T) {
 		for i := range keys {
 			keys[i] = fmt.Sprintf("old-%d", i)
 		}
-		_, err = s.ClaimMany(ctx, db.Pool, keys)
-		require.NoError(t, err)
-		_, err = other.ClaimMany(ctx, db.Pool, keys)
-		require.NoError(t, err)
+		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			if _, err := s.ClaimMany(ctx, tx, keys); err != nil {
+				return err
+			}
+			_, err := other.ClaimMany(ctx, tx, keys)
+			return err
+		}))
 		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("processed_keys")+` SET processed_at = now() - interval '2 hours'`)
 		require.NoError(t, err)
 		require.True(t, claim(t, db, s, "fresh", true))

@@ -38,4 +38,14 @@
 // their gaps. Such consumers should choose FirstSeenBaseline.
 //
 // Records without a sequence bypass this package altogether.
+//
+// # A building block
+//
+// consumer.Processor runs this package together with the claim of each
+// record's key and the dead-lettering of records that fail, and that
+// combination is what the guarantees rest on: parking a record whose key
+// was not claimed, or draining outside the transaction that moved the
+// position, can apply an event twice or out of order. Use the Tracker on
+// its own only to build a processor of your own; operate a running consumer
+// through the Processor's Gaps, Position, ResolveGap and DrainReady.
 package ordering

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
@@ -115,14 +114,6 @@ type Check struct {
 	Held bool
 }
 
-// Querier runs SQL; pgx.Tx satisfies it. The tracker's methods that change
-// state must run in the transaction that holds the record's effect.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Config tunes a Tracker. The zero value is valid.
 type Config struct {
 	// Schema holds the tables. Default outbox.DefaultSchema.
@@ -185,7 +176,7 @@ func (t *Tracker) advanceSQL(agg Aggregate, seq int64) (string, []any) {
 // already moved to seq in tx, so the caller must apply the record in tx or
 // roll back. On Duplicate and Gap nothing changed; the position's row stays
 // locked until tx ends. seq must be at least 1.
-func (t *Tracker) Check(ctx context.Context, tx Querier, agg Aggregate, seq int64) (Check, error) {
+func (t *Tracker) Check(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64) (Check, error) {
 	if seq < 1 {
 		return Check{}, fmt.Errorf("ordering: sequence %d of %s is below 1", seq, agg)
 	}
@@ -223,7 +214,7 @@ func (t *Tracker) Check(ctx context.Context, tx Querier, agg Aggregate, seq int6
 	return Check{}, fmt.Errorf("ordering: position of %s keeps moving; retry", agg)
 }
 
-func (t *Tracker) gap(ctx context.Context, tx Querier, agg Aggregate, last, seq int64, parked int) (Check, error) {
+func (t *Tracker) gap(ctx context.Context, tx pgx.Tx, agg Aggregate, last, seq int64, parked int) (Check, error) {
 	var held bool
 	if err := tx.QueryRow(ctx, t.holds, t.consumer, agg.Type, agg.ID, last, seq).Scan(&held); err != nil {
 		return Check{}, fmt.Errorf("ordering: look for dead letters holding %s: %w", agg, err)
@@ -246,7 +237,7 @@ type Parked struct {
 // Park stores rec in tx to be applied after its predecessors, and reports
 // whether it was stored: false means a record with this sequence is parked
 // already (a duplicate).
-func (t *Tracker) Park(ctx context.Context, tx Querier, agg Aggregate, seq int64, rec *kgo.Record, idempotencyKey string) (bool, error) {
+func (t *Tracker) Park(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64, rec *kgo.Record, idempotencyKey string) (bool, error) {
 	keys, values := recordsql.Split(rec.Headers)
 	var ts *time.Time
 	if !rec.Timestamp.IsZero() {
@@ -283,7 +274,7 @@ var ErrStopDrain = errors.New("ordering: stop draining")
 // at apply's first other error (which it returns; the caller should roll
 // back). It returns how many it applied; a caller that bounds its
 // transactions drains again, in a new one, while that count reaches limit.
-func (t *Tracker) Drain(ctx context.Context, tx Querier, agg Aggregate, limit int, apply func(context.Context, *Parked) error) (int, error) {
+func (t *Tracker) Drain(ctx context.Context, tx pgx.Tx, agg Aggregate, limit int, apply func(context.Context, *Parked) error) (int, error) {
 	n := 0
 	for limit <= 0 || n < limit {
 		p, err := t.pop(ctx, tx, agg)
@@ -307,7 +298,7 @@ func (t *Tracker) Drain(ctx context.Context, tx Querier, agg Aggregate, limit in
 // Lock takes the row lock on agg's position until tx ends, so that a drain
 // in tx does not race another transaction on the aggregate. It reports
 // whether the aggregate has a position.
-func (t *Tracker) Lock(ctx context.Context, tx Querier, agg Aggregate) (bool, error) {
+func (t *Tracker) Lock(ctx context.Context, tx pgx.Tx, agg Aggregate) (bool, error) {
 	var (
 		last   int64
 		parked int
@@ -326,7 +317,7 @@ func (t *Tracker) Lock(ctx context.Context, tx Querier, agg Aggregate) (bool, er
 // (its sequence follows the position) although nothing is draining it: a
 // drain bounded by its limit, or one whose process stopped between two
 // transactions, left it there. Drain each, under Lock, oldest first.
-func (t *Tracker) Ready(ctx context.Context, db Querier, limit int) ([]Aggregate, error) {
+func (t *Tracker) Ready(ctx context.Context, db outbox.DB, limit int) ([]Aggregate, error) {
 	rows, err := db.Query(ctx, t.parked.Ready, t.consumer, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ordering: list aggregates ready to drain: %w", err)
@@ -342,7 +333,7 @@ func (t *Tracker) Ready(ctx context.Context, db Querier, limit int) ([]Aggregate
 	return aggs, nil
 }
 
-func (t *Tracker) pop(ctx context.Context, tx Querier, agg Aggregate) (*Parked, error) {
+func (t *Tracker) pop(ctx context.Context, tx pgx.Tx, agg Aggregate) (*Parked, error) {
 	var (
 		p        = Parked{Aggregate: agg, Record: &kgo.Record{}}
 		keys     []string
@@ -376,7 +367,7 @@ func (t *Tracker) pop(ctx context.Context, tx Querier, agg Aggregate) (*Parked, 
 // first-seen policy puts an aggregate never seen: 0 under FirstSeenStrict
 // (the sequences below seq are still owed, not skipped), seq-1 under
 // FirstSeenBaseline.
-func (t *Tracker) Hold(ctx context.Context, tx Querier, agg Aggregate, seq int64) error {
+func (t *Tracker) Hold(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64) error {
 	start := int64(0)
 	if t.cfg.FirstSeen == FirstSeenBaseline {
 		start = seq - 1
@@ -391,7 +382,7 @@ func (t *Tracker) Hold(ctx context.Context, tx Querier, agg Aggregate, seq int64
 // moves to seq if it is below it. It reports whether it moved and how many
 // records are parked. Call Drain next, in the same transaction, to apply the
 // records that are now in line.
-func (t *Tracker) SkipTo(ctx context.Context, tx Querier, agg Aggregate, seq int64) (bool, int, error) {
+func (t *Tracker) SkipTo(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64) (bool, int, error) {
 	var parked int
 	err := tx.QueryRow(ctx, t.pos.SkipTo, t.consumer, agg.Type, agg.ID, seq).Scan(&parked)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -422,7 +413,7 @@ type OpenGap struct {
 }
 
 // Gaps lists the consumer's open gaps, oldest first.
-func (t *Tracker) Gaps(ctx context.Context, db Querier) ([]OpenGap, error) {
+func (t *Tracker) Gaps(ctx context.Context, db outbox.DB) ([]OpenGap, error) {
 	rows, err := db.Query(ctx, t.parked.Gaps, t.consumer)
 	if err != nil {
 		return nil, fmt.Errorf("ordering: list gaps: %w", err)
@@ -449,7 +440,7 @@ func (t *Tracker) Gaps(ctx context.Context, db Querier) ([]OpenGap, error) {
 
 // Position returns agg's last applied sequence, 0 and false when it has
 // none.
-func (t *Tracker) Position(ctx context.Context, db Querier, agg Aggregate) (int64, bool, error) {
+func (t *Tracker) Position(ctx context.Context, db outbox.DB, agg Aggregate) (int64, bool, error) {
 	var last int64
 	err := db.QueryRow(ctx, t.pos.Read,
 		t.consumer, agg.Type, agg.ID).Scan(&last)

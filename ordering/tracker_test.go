@@ -118,8 +118,10 @@ func TestTracker(t *testing.T) {
 	t.Run("SequenceBelowOneIsAnError", func(t *testing.T) {
 		t.Parallel()
 		tr, db := setup(t, nil)
-		_, err := tr.Check(ctx, db.Pool, agg, 0)
-		require.ErrorContains(t, err, "below 1")
+		inTx(t, db, func(tx pgx.Tx) {
+			_, err := tr.Check(ctx, tx, agg, 0)
+			require.ErrorContains(t, err, "below 1")
+		})
 	})
 
 	t.Run("FirstSeenBaselineAcceptsAnySequence", func(t *testing.T) {

@@ -144,7 +144,7 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out, "applied, in order per order:", strings.Join(applied, ", "))
-	letters, err := process.DeadLetters().List(ctx, pool, nil)
+	letters, err := process.DeadLetters(ctx, nil)
 	if err != nil {
 		return err
 	}
