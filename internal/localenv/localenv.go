@@ -11,7 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/pgserver"
 )
 
 // Database returns DATABASE_URL, or starts a throwaway cluster from the
@@ -20,7 +20,7 @@ func Database() (url string, stop func(), err error) {
 	if url := os.Getenv("DATABASE_URL"); url != "" {
 		return url, func() {}, nil
 	}
-	srv, err := pgtest.Start()
+	srv, err := pgserver.Start()
 	if err != nil {
 		return "", nil, fmt.Errorf("start a throwaway PostgreSQL (or set DATABASE_URL): %w", err)
 	}

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/d419a114/outbox/integration/soak"
-	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/pgserver"
 )
 
 func main() { os.Exit(run()) }
@@ -39,7 +39,7 @@ func run() int {
 	}
 	cfg.DatabaseURL = os.Getenv("DATABASE_URL")
 	if cfg.DatabaseURL == "" {
-		srv, err := pgtest.Start()
+		srv, err := pgserver.Start()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "soak: start PostgreSQL:", err)
 			return 2
