@@ -53,4 +53,3 @@ func Main(m interface{ Run() int }) {
 	}
 	os.Exit(code)
 }
-
