@@ -194,7 +194,7 @@ func TestConsumer(t *testing.T) {
 				}
 				require.Equal(t, 126, seen)
 				cl.Close() // the "crash": nothing committed
-				r = b.start(t, mode.handler(b.effects), fastConfig(b.db, mode.batch))
+				b.start(t, mode.handler(b.effects), fastConfig(b.db, mode.batch))
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 126 })
 				rows, distinct = b.effects.count(t)
 				require.Equal(t, 66, rows)

@@ -138,7 +138,7 @@ func (sp *savepointTx) Commit(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	sp.closed = true
-	_, err := sp.pipelinedTx.Exec(ctx, "release savepoint "+sp.name)
+	_, err := sp.Exec(ctx, "release savepoint "+sp.name)
 	return err
 }
 
@@ -147,7 +147,7 @@ func (sp *savepointTx) Rollback(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	sp.closed = true
-	_, err := sp.pipelinedTx.Exec(ctx, "rollback to savepoint "+sp.name)
+	_, err := sp.Exec(ctx, "rollback to savepoint "+sp.name)
 	return err
 }
 

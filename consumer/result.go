@@ -6,16 +6,16 @@ import "fmt"
 type Outcome int
 
 const (
-	// Applied: the handler ran and its transaction committed (with any
+	// Applied means the handler ran and its transaction committed (with any
 	// parked successors it released).
 	Applied Outcome = iota + 1
-	// Duplicate: the key was claimed before, or the sequence applied
+	// Duplicate means the key was claimed before, or the sequence applied
 	// before; the handler did not run.
 	Duplicate
-	// Parked: the record waits behind a gap in its aggregate's sequence or
+	// Parked means the record waits behind a gap in its aggregate's sequence or
 	// behind a dead letter of its aggregate.
 	Parked
-	// DeadLettered: the record is in the dead-letter table.
+	// DeadLettered means the record is in the dead-letter table.
 	DeadLettered
 )
 

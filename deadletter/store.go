@@ -18,12 +18,13 @@ import (
 type Status string
 
 const (
-	// StatusDead: waiting for an operator. Its aggregate's later records are
-	// parked behind it.
+	// StatusDead is a letter waiting for an operator. Its aggregate's
+	// later records are parked behind it.
 	StatusDead Status = "dead"
-	// StatusReplayed: applied by Replay.
+	// StatusReplayed is a letter applied by Replay.
 	StatusReplayed Status = "replayed"
-	// StatusDiscarded: given up on by Discard; its successors were released.
+	// StatusDiscarded is a letter given up on by Discard; its successors
+	// were released.
 	StatusDiscarded Status = "discarded"
 )
 

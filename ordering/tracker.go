@@ -61,11 +61,11 @@ const (
 type Verdict int
 
 const (
-	// InOrder: the record is the next one; the position now points at it.
+	// InOrder means the record is the next one; the position now points at it.
 	InOrder Verdict = iota + 1
-	// Duplicate: the sequence was applied before.
+	// Duplicate means the sequence was applied before.
 	Duplicate
-	// Gap: predecessors are missing.
+	// Gap means predecessors are missing.
 	Gap
 )
 
@@ -261,7 +261,7 @@ func (t *Tracker) Park(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64,
 	return true, nil
 }
 
-// ErrStopDrain, returned by a Drain callback, stops draining without an
+// ErrStopDrain is returned by a Drain callback to stop draining without an
 // error and without moving the position past the record it was given. The
 // callback must have disposed of the record (dead-lettered it, typically),
 // since Drain already took it out of the parked table.

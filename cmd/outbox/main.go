@@ -48,7 +48,7 @@ const usage = `usage:
   outbox dead discard [-schema outbox] ID
 The database comes from -database or DATABASE_URL.`
 
-var errUsage = errors.New(usage)
+var errUsage = errors.New(usage) //nolint:staticcheck // printed to the user as it is: sentences and lines
 
 // run executes one command line; it is main without the process around it.
 func run(ctx context.Context, args []string, out io.Writer) error {

@@ -14,6 +14,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -90,7 +91,9 @@ func run(ctx context.Context, out io.Writer) error {
 	go func() { relayDone <- relay.Run(relayCtx) }()
 	defer func() {
 		stopRelay()
-		<-relayDone
+		if err := <-relayDone; err != nil && !errors.Is(err, context.Canceled) {
+			logger.Error("relay stopped", slog.Any("error", err))
+		}
 	}()
 
 	// Business transactions: the order row and its event commit together.
@@ -181,7 +184,7 @@ func placeOrder(ctx context.Context, pool *pgxpool.Pool, id, cents int64, commit
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback(ctx)
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op after Commit
 	if _, err := tx.Exec(ctx, `INSERT INTO orders (id, total_cents) VALUES ($1, $2)`, id, cents); err != nil {
 		return err
 	}

@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	cfg.defaults()
 	r := &run{cfg: cfg, url: cfg.DatabaseURL, faults: map[string]int{}}
 	res := Result{Seed: cfg.Seed}
-	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)) //nolint:gosec // seeded so that a run can be repeated; it guards nothing
 
 	// PostgreSQL: a schema of the run's own.
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
@@ -246,10 +246,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	defer stopLoad()
 	var wg sync.WaitGroup
 	for range cfg.Writers {
-		wrng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+		wrng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())) //nolint:gosec // as rng
 		wg.Go(func() { r.write(load, wrng) })
 	}
-	frng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+	frng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())) //nolint:gosec // as rng
 	wg.Go(func() { r.injectFaults(load, frng) })
 	start := time.Now()
 	progress := time.NewTicker(cfg.ProgressEvery)
@@ -467,7 +467,7 @@ func (r *run) startRelay() error {
 
 func (rel *relay) stop() {
 	rel.cancel()
-	<-rel.done
+	<-rel.done //nolint:errcheck // after the cancel, Run returns the context's error
 	rel.pool.Close()
 	rel.client.Close()
 }
@@ -521,7 +521,7 @@ func (r *run) startMember() error {
 
 func (m *member) stop() {
 	m.cancel()
-	<-m.done
+	<-m.done //nolint:errcheck // as for relays
 	m.client.Close()
 	m.pool.Close()
 }

@@ -32,5 +32,5 @@ func (p Policy) Delay(attempt int) time.Duration {
 	if half <= 0 {
 		return d
 	}
-	return half + rand.N(d-half+1)
+	return half + rand.N(d-half+1) //nolint:gosec // jitter spreads retries; it guards nothing
 }

@@ -55,14 +55,21 @@ func Start() (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pgserver: running as root needs a postgres user to run the server as: %w", err)
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
+		uid, err := strconv.ParseUint(u.Uid, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("pgserver: uid of the postgres user: %w", err)
+		}
+		gid, err := strconv.ParseUint(u.Gid, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("pgserver: gid of the postgres user: %w", err)
+		}
 		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
+		if err := os.Chown(dir, int(uid), int(gid)); err != nil {
 			return nil, fmt.Errorf("pgserver: chown cluster directory: %w", err)
 		}
 	}
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.dataDir(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale", "C")
+	// bin is the machine's PostgreSQL installation (see binDir).
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.dataDir(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale", "C") //nolint:gosec // the arguments are this function's own
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pgserver: initdb: %w\n%s", err, out)
@@ -81,12 +88,12 @@ func (s *Server) dataDir() string { return filepath.Join(s.dir, "data") }
 
 // launch starts the postgres process and waits until it accepts connections.
 func (s *Server) launch() error {
-	logFile, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	logFile, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("pgserver: open server log: %w", err)
 	}
-	defer logFile.Close()
-	cmd := exec.Command(filepath.Join(s.bin, "postgres"),
+	defer func() { _ = logFile.Close() }()
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), //nolint:gosec // the arguments are this package's own
 		"-D", s.dataDir(),
 		"-p", strconv.Itoa(s.port),
 		"-k", s.dir,
@@ -201,6 +208,6 @@ func freePort() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("pgserver: find a free port: %w", err)
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
