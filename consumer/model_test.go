@@ -112,7 +112,7 @@ func (c *coverage) String() string {
 
 // modelChecksCI is how many sequences CI runs: each runs in all three
 // modes, about 0.15 s under -race on the project's 2-core machine.
-const modelChecksCI = 250
+const modelChecksCI = 200
 
 var modelLong = flag.Bool("model.long", false, "TestModel: run 2000 sequences instead of the CI's "+strconv.Itoa(modelChecksCI)+" (or set OUTBOX_MODEL_CHECKS)")
 
