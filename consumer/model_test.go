@@ -60,9 +60,10 @@ import (
 // given up on: its sequence skipped by an operator, its key claimed by a
 // Discard, its sequence taken by another event, or it was malformed.
 //
-// CI runs modelChecksCI sequences; -model.long, OUTBOX_MODEL_CHECKS=N or
-// -rapid.checks=N run more. A failure prints -rapid.seed=... (and writes a
-// fail file under testdata/rapid) to reproduce it.
+// CI runs modelChecksCI sequences; go test ./consumer -run TestModel with
+// -model.long (2000), OUTBOX_MODEL_CHECKS=N or -rapid.checks=N runs more
+// (flags after the package). A failure prints -rapid.seed=... (and writes
+// a fail file under testdata/rapid) to reproduce it.
 func TestModel(t *testing.T) {
 	t.Parallel()
 	setModelChecks(t)
