@@ -1,0 +1,57 @@
+// Package consumertest tests a consumer.Handler the way production will
+// treat it: it feeds the handler's own sample records through a real
+// consumer.Processor on a real PostgreSQL, redelivered, duplicated,
+// reordered, delayed behind gaps, interrupted by restarts with lost
+// offsets, with the handler's transaction failing after the handler ran
+// (an error, a panic, a serialization failure) and some records
+// dead-lettered and replayed by an operator, and then checks what the
+// handler wrote.
+//
+//	func TestLedgerHandler(t *testing.T) {
+//		consumertest.Run(t, consumertest.Config{
+//			DB:      pool,
+//			Handler: ledger{},
+//			Records: sampleRecords(), // each aggregate's in sequence order
+//			Reset: func(ctx context.Context, db *pgxpool.Pool) error {
+//				_, err := db.Exec(ctx, `TRUNCATE ledger`)
+//				return err
+//			},
+//			Applied: func(ctx context.Context, db *pgxpool.Pool) ([]string, error) {
+//				rows, _ := db.Query(ctx, `SELECT event_id FROM ledger ORDER BY id`)
+//				return pgx.CollectRows(rows, pgx.RowTo[string])
+//			},
+//		})
+//	}
+//
+// A run fails when, after every record was delivered and every dead
+// letter replayed:
+//
+//   - an effect is missing or applied twice (Applied does not list every
+//     record's idempotency key exactly once): typically a handler that
+//     writes outside the transaction it is given, so that a rolled-back try
+//     still leaves its effect, or one that keeps state in memory across
+//     tries;
+//   - an aggregate's effects are not in sequence order in Applied;
+//   - a record stays dead-lettered or parked: the handler fails for it on
+//     its own, or the record breaks the wire contract (the reason is in the
+//     failure);
+//   - ProcessBatch gave a different result from Process: Applied, or State
+//     when it is set, differs. With a consumer.BatchHandler, ProcessBatch
+//     applies a batch through HandleBatch, so this is where a HandleBatch
+//     that does not have exactly the effect of Handle for each message
+//     shows.
+//
+// Every run draws its schedule from a seed, printed in the failure
+// together with the run; set OUTBOX_CONSUMERTEST_SEED (or Config.Seed) to
+// it to replay exactly that schedule, and OUTBOX_CONSUMERTEST_RUNS to run
+// more schedules than Config.Runs.
+//
+// What it cannot see: effects outside the database (an email, an HTTP
+// call), which the SDK does not cover either and which happen again on a
+// retry; and whatever Applied and State do not report.
+//
+// The SDK's tables go into Config.Schema, migrated by Run with
+// outbox.Migrate (a fresh schema, dropped afterwards, when Schema is
+// empty). Each schedule and mode uses a consumer name of its own, so the
+// SDK's state starts empty; Reset must empty the handler's own tables.
+package consumertest
