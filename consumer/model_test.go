@@ -397,7 +397,7 @@ FROM `+r.db.Table("dead_letters")+` WHERE consumer = $1`, r.name).Query(func(row
 	if err := r.db.Pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, err
 	}
-	gaps, err := r.p.Ordering().Gaps(ctx, r.db.Pool)
+	gaps, err := r.p.Gaps(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -483,7 +483,7 @@ func (h *harness) runMode(ctx context.Context, seed uint64, sc *schedule, mode s
 		}
 	}
 	for range 10 {
-		letters, err := p.DeadLetters().List(ctx, h.pool, &deadletter.ListOpts{Consumer: name, Status: deadletter.StatusDead})
+		letters, err := p.DeadLetters(ctx, &deadletter.ListOpts{Status: deadletter.StatusDead})
 		if err != nil {
 			return nil, "", fmt.Errorf("consumertest: list dead letters: %w", err)
 		}
@@ -494,7 +494,7 @@ func (h *harness) runMode(ctx context.Context, seed uint64, sc *schedule, mode s
 			_, _ = p.Replay(ctx, l.ID)
 		}
 	}
-	letters, err := p.DeadLetters().List(ctx, h.pool, &deadletter.ListOpts{Consumer: name, Status: deadletter.StatusDead})
+	letters, err := p.DeadLetters(ctx, &deadletter.ListOpts{Status: deadletter.StatusDead})
 	if err != nil {
 		return nil, "", fmt.Errorf("consumertest: list dead letters: %w", err)
 	}
@@ -503,7 +503,7 @@ func (h *harness) runMode(ctx context.Context, seed uint64, sc *schedule, mode s
 		_, rerr := p.Replay(ctx, l.ID)
 		return nil, fmt.Sprintf("record %d is still dead-lettered after its replay: %s (replay: %v)", w.sample(l.Record.Offset), l.Error, rerr), nil
 	}
-	gaps, err := p.Ordering().Gaps(ctx, h.pool)
+	gaps, err := p.Gaps(ctx)
 	if err != nil {
 		return nil, "", fmt.Errorf("consumertest: gaps: %w", err)
 	}
