@@ -881,7 +881,7 @@ func (h *modelHarness) finish(t *rapid.T) {
 	for _, rid := range h.model.openLetters() {
 		l := h.model.letters[rid]
 		h.cov.add("end:letter left open")
-		if !(l.seq > h.model.pos[l.agg]+1 && len(h.model.parked[l.agg]) == 0) {
+		if l.seq <= h.model.pos[l.agg]+1 || len(h.model.parked[l.agg]) != 0 {
 			h.fatalf(t, "letter of #%d (%s:%d %s) left open", rid, l.agg, l.seq, l.key)
 		}
 	}

@@ -167,7 +167,7 @@ func Check(ctx context.Context, cfg Config) error {
 	h := &harness{cfg: &cfg, ccfg: ccfg, pool: pool, logTable: logTable, samples: samples, tag: randomHex(4)}
 	for i := range runs {
 		s := seed + uint64(i)
-		sc := newSchedule(rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15)), samples, ccfg)
+		sc := newSchedule(rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15)), samples, ccfg) //nolint:gosec // seeded so that a failure can be replayed
 		if err := h.check(ctx, s, sc); err != nil {
 			return err
 		}
