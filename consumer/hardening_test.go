@@ -242,6 +242,41 @@ func TestHostileInput(t *testing.T) {
 				}
 			})
 
+			// A letter beyond the next sequence with nothing parked behind
+			// it is still a hole the operator can see and resolve (found by
+			// the model-based test).
+			t.Run("ALetterAheadWithNothingParkedIsAGap", func(t *testing.T) {
+				t.Parallel()
+				p, e, _ := setup(t, md, func(c *consumer.Config) { c.MaxValueBytes = 100 })
+				big := rec("o", 5, "garbage")
+				big.Value = make([]byte, 200)
+				res := processAll(t, p, md.batch, rec("o", 1, "k1"), big)
+				require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.DeadLettered}, outcomes(res))
+				_, err := p.Discard(ctx, res[1].DeadLetterID)
+				require.ErrorIs(t, err, consumer.ErrNotNext)
+				agg := ordering.Aggregate{Type: "order", ID: "o"}
+				gaps, err := p.Gaps(ctx)
+				require.NoError(t, err)
+				require.Len(t, gaps, 1)
+				require.Equal(t, agg, gaps[0].Aggregate)
+				require.EqualValues(t, 2, gaps[0].Expected)
+				require.Zero(t, gaps[0].Parked)
+				require.Equal(t, res[1].DeadLetterID, gaps[0].DeadLetterID)
+				require.EqualValues(t, 5, gaps[0].DeadLetterSeq)
+				n, err := p.ResolveGap(ctx, agg)
+				require.NoError(t, err)
+				require.Zero(t, n)
+				_, err = p.Discard(ctx, res[1].DeadLetterID)
+				require.NoError(t, err)
+				gaps, err = p.Gaps(ctx)
+				require.NoError(t, err)
+				require.Empty(t, gaps)
+				last, _, err := p.Position(ctx, agg)
+				require.NoError(t, err)
+				require.EqualValues(t, 5, last)
+				require.Equal(t, []int64{1}, e.seqs(t, "o"))
+			})
+
 			// Item 8: a malformed record whose key an applied event claimed
 			// is a duplicate of that event, not a new letter.
 			t.Run("MalformedRecordWithAnAppliedKeyIsADuplicate", func(t *testing.T) {

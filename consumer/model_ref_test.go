@@ -488,6 +488,19 @@ func (m *model) gaps() []mGap {
 		}
 		out = append(out, g)
 	}
+	// An aggregate with nothing parked shows a gap when its lowest open
+	// letter lies beyond the next sequence.
+	for _, l := range m.letters {
+		if l.status != deadletter.StatusDead || l.seq <= m.pos[l.agg]+1 || len(m.parked[l.agg]) > 0 {
+			continue
+		}
+		i := slices.IndexFunc(out, func(g mGap) bool { return g.agg == l.agg })
+		if i < 0 {
+			out = append(out, mGap{agg: l.agg, expected: m.pos[l.agg] + 1, letterSeq: l.seq})
+		} else if l.seq < out[i].letterSeq {
+			out[i].letterSeq = l.seq
+		}
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].agg < out[j].agg })
 	return out
 }

@@ -400,11 +400,14 @@ type OpenGap struct {
 	// Last is the last sequence applied; Expected = Last+1 is missing.
 	Last, Expected int64
 	// FirstParked is the lowest parked sequence; the gap is
-	// Expected..FirstParked-1.
+	// Expected..FirstParked-1. It is 0, as Parked is, for an aggregate
+	// with nothing parked whose dead letter lies beyond Expected: the gap
+	// is then Expected..DeadLetterSeq-1.
 	FirstParked int64
 	// Parked is how many records wait.
 	Parked int
-	// Since is when the oldest of them was parked.
+	// Since is when the oldest of them was parked, or when the letter
+	// first failed.
 	Since time.Time
 	// DeadLetterID is the lowest open dead letter inside the gap, at
 	// DeadLetterSeq (Expected when the gap is that record alone); 0 when
@@ -412,7 +415,8 @@ type OpenGap struct {
 	DeadLetterID, DeadLetterSeq int64
 }
 
-// Gaps lists the consumer's open gaps, oldest first.
+// Gaps lists the consumer's open gaps, oldest first: every aggregate whose
+// next sequence is missing while a later one waits, parked or dead-lettered.
 func (t *Tracker) Gaps(ctx context.Context, db outbox.DB) ([]OpenGap, error) {
 	rows, err := db.Query(ctx, t.parked.Gaps, t.consumer)
 	if err != nil {

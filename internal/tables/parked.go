@@ -13,9 +13,12 @@ type Parked struct {
 	// the position), lowers the parked count, and returns it; no row when
 	// none is in line.
 	Pop string
-	// Gaps lists the aggregates with parked records: position, count,
-	// lowest parked sequence, oldest parked time, and the id and sequence
-	// of the lowest open dead letter inside the hole, if any.
+	// Gaps lists the aggregates with a hole below their next record:
+	// those with parked records (position, count, lowest parked sequence,
+	// oldest parked time, and the id and sequence of the lowest open dead
+	// letter inside the hole, if any), and those with nothing parked whose
+	// lowest open dead letter lies beyond the next sequence (count and
+	// lowest parked 0, the letter's first failure as the time).
 	Gaps string
 	// Ready lists up to $2 aggregates whose next parked record is in line,
 	// oldest first.
@@ -39,14 +42,25 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO N
     WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND EXISTS (SELECT 1 FROM next)
 )
 SELECT * FROM next`),
-		Gaps: q(`SELECT p.aggregate_type, p.aggregate_id, p.last_seq, count(*), min(k.seq), min(k.parked_at),
-       (SELECT ARRAY[d.id, d.aggregate_seq] FROM {schema}.dead_letters d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
-            AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq > p.last_seq AND d.aggregate_seq < min(k.seq)
-        ORDER BY d.aggregate_seq LIMIT 1)
-FROM {schema}.positions p JOIN {schema}.parked k USING (consumer, aggregate_type, aggregate_id)
-WHERE p.consumer = $1
-GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
-ORDER BY min(k.parked_at), p.aggregate_type, p.aggregate_id`),
+		Gaps: q(`SELECT * FROM (
+    SELECT p.aggregate_type, p.aggregate_id, p.last_seq, count(*) AS parked, min(k.seq) AS first_parked, min(k.parked_at) AS since,
+           (SELECT ARRAY[d.id, d.aggregate_seq] FROM {schema}.dead_letters d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
+                AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq > p.last_seq AND d.aggregate_seq < min(k.seq)
+            ORDER BY d.aggregate_seq LIMIT 1) AS letter
+    FROM {schema}.positions p JOIN {schema}.parked k USING (consumer, aggregate_type, aggregate_id)
+    WHERE p.consumer = $1
+    GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
+    UNION ALL
+    (SELECT DISTINCT ON (d.aggregate_type, d.aggregate_id) d.aggregate_type, d.aggregate_id, p.last_seq, 0, 0, d.first_failed_at,
+            ARRAY[d.id, d.aggregate_seq]
+     FROM {schema}.dead_letters d JOIN {schema}.positions p
+       ON p.consumer = d.consumer AND p.aggregate_type = d.aggregate_type AND p.aggregate_id = d.aggregate_id
+     WHERE d.consumer = $1 AND d.status = 'dead' AND d.aggregate_seq > p.last_seq + 1
+       AND NOT EXISTS (SELECT 1 FROM {schema}.parked k
+                       WHERE k.consumer = d.consumer AND k.aggregate_type = d.aggregate_type AND k.aggregate_id = d.aggregate_id)
+     ORDER BY d.aggregate_type, d.aggregate_id, d.aggregate_seq)
+) AS g
+ORDER BY since, aggregate_type, aggregate_id`),
 		Ready: q(`SELECT k.aggregate_type, k.aggregate_id FROM {schema}.parked k JOIN {schema}.positions p USING (consumer, aggregate_type, aggregate_id)
 WHERE k.consumer = $1 AND k.seq = p.last_seq + 1
 ORDER BY k.parked_at LIMIT $2`),
