@@ -26,9 +26,10 @@ var ErrWrongConsumer = errors.New("consumer: the dead letter belongs to another 
 // records: there is nothing to resolve.
 var ErrNoGap = errors.New("consumer: the aggregate has no open gap")
 
-// ErrNotNext is returned by Discard for a dead letter whose aggregate still
-// misses an earlier sequence: discarding it would skip that one too.
-// Resolve the earlier gap or dead letter first.
+// ErrNotNext is returned by Discard and Replay for a dead letter whose
+// aggregate still misses an earlier sequence: discarding it would skip that
+// one too, and replaying it could only park it. Resolve the earlier gap or
+// dead letter first.
 var ErrNotNext = errors.New("consumer: an earlier sequence of the aggregate is still missing")
 
 // ErrSequencePassed is returned by Replay for a dead letter whose aggregate

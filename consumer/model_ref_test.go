@@ -422,8 +422,7 @@ func (m *model) replay(rid int64) (result, opErr) {
 		if _, taken := m.parked[l.agg][l.seq]; taken {
 			return result{}, errOther
 		}
-		m.park(l.agg, l.seq, l.rid, l.key)
-		res = result{out: outParked}
+		return result{}, errNotNext
 	default:
 		res = m.runInOrder(l.rec, true)
 	}

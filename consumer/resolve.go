@@ -23,8 +23,9 @@ import (
 // fix to KeyFunc takes effect.
 //
 // A record whose key was claimed meanwhile (it was redelivered and
-// succeeded) is a Duplicate and just marked replayed; one that is still
-// behind a gap is parked.
+// succeeded) is a Duplicate and just marked replayed. One whose aggregate
+// still misses earlier sequences is refused with ErrNotNext, as Discard
+// refuses it: resolve the earlier gap first.
 func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 	var res Result
 	err := p.dead.Replay(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
@@ -44,6 +45,16 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 		}
 		if err != nil {
 			return fmt.Errorf("consumer: replay %d: %w", id, err)
+		}
+		if r.Outcome == Parked {
+			// Marked replayed, the parked record would have no letter to
+			// go back to if its handler failed again in a drain.
+			last, _, err := p.ordering.Position(ctx, tx, m.aggregate())
+			if err != nil {
+				return err
+			}
+			return fmt.Errorf("consumer: replay %d: its aggregate %s is at %d and still misses the sequences up to %d; nothing was applied: resolve that gap first (ResolveGap stops below this letter): %w",
+				id, m.aggregate(), last, m.Seq-1, ErrNotNext)
 		}
 		if ran {
 			r.Attempts = 1
