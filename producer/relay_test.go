@@ -384,6 +384,48 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		})
 	}
 
+	t.Run("LockedEarlierRowHoldsBackItsAggregate", func(t *testing.T) {
+		t.Parallel()
+		// Another session holds the row lock on seq 1 of k, as a zombie
+		// relay still inside its settle transaction does after its lease
+		// lapsed: the claim skips the locked row, and must not claim seq 2
+		// behind it, while other aggregates flow.
+		b := newBundle(t, 1)
+		written := b.write(t, b.event("k"), b.event("k"), b.event("other"))
+		lock, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer lock.Rollback(ctx)
+		_, err = lock.Exec(ctx, `SELECT 1 FROM `+b.db.Table("events")+` WHERE id = $1 FOR UPDATE`, written[0].ID)
+		require.NoError(t, err)
+
+		b.startRelay(t, &producer.RelayConfig{PollInterval: 10 * time.Millisecond})
+		// other's row and k's seq 2 are candidates of the same claims; had
+		// one of them claimed seq 2, it would be marked with other's row.
+		delivered := func(id int64) bool {
+			var done bool
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT published_at IS NOT NULL FROM `+b.db.Table("events")+` WHERE id = $1`, id).Scan(&done))
+			return done
+		}
+		claimed := func(id int64) bool {
+			var done bool
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT published_at IS NOT NULL OR leased_until IS NOT NULL FROM `+b.db.Table("events")+` WHERE id = $1`, id).Scan(&done))
+			return done
+		}
+		waitFor(t, 30*time.Second, "the other aggregate delivered", func() bool { return delivered(written[2].ID) })
+		require.False(t, claimed(written[1].ID), "seq 2 was claimed while seq 1 was locked")
+		// A later write of the held aggregate waits too; one of another
+		// aggregate does not.
+		later := b.write(t, b.event("k"), b.event("third"))
+		waitFor(t, 30*time.Second, "the third aggregate delivered", func() bool { return delivered(later[1].ID) })
+		require.False(t, claimed(written[1].ID), "seq 2 was claimed while seq 1 was locked")
+		require.False(t, claimed(later[0].ID), "seq 3 was claimed while seq 1 was locked")
+
+		require.NoError(t, lock.Rollback(ctx))
+		b.waitDelivered(t, 30*time.Second)
+		require.Equal(t, []int64{1, 2, 3}, publishOrder(t, b, "k"))
+		require.Len(t, checkOrder(t, b.broker.Records(t, b.topic, 5, 30*time.Second)), 5)
+	})
+
 	t.Run("StaleRetryingEntryHoldsNothingBack", func(t *testing.T) {
 		t.Parallel()
 		b := newBundle(t, 1)
