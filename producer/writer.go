@@ -155,7 +155,9 @@ RETURNING id, aggregate_seq{wake}`
 // transaction short after Write. A missed wake-up delays the events by at
 // most the relay's PollInterval; it never loses them.
 //
-// Invalid input is refused with a *ValidationError before anything is sent
+// Invalid input (see ValidationError; the aggregate type, aggregate id and
+// idempotency key are bounded by outbox.MaxAggregateTypeBytes and the
+// others) is refused with a *ValidationError before anything is sent
 // to the database. A nil tx returns ErrNoTx; a finished one returns an error
 // wrapping pgx.ErrTxClosed.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {

@@ -2,6 +2,8 @@ package producer_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
@@ -275,6 +278,12 @@ func TestWriter(t *testing.T) {
 			{"HeaderNameContentType", func(e *producer.Event) { e.Headers = map[string]string{"Content-Type": "x"} }, "Headers"},
 			{"HeaderValueNUL", func(e *producer.Event) { e.Headers = map[string]string{"traceparent": "a\x00b"} }, "Headers"},
 			{"AggregateIDNotUTF8", func(e *producer.Event) { e.AggregateID = "\xff" }, "AggregateID"},
+			{"AggregateTypeOverLimit", func(e *producer.Event) { e.AggregateType = strings.Repeat("t", outbox.MaxAggregateTypeBytes+1) }, "AggregateType"},
+			{"AggregateIDOverLimit", func(e *producer.Event) { e.AggregateID = strings.Repeat("i", outbox.MaxAggregateIDBytes+1) }, "AggregateID"},
+			// Too long for the sequences table's index entry, too: without
+			// the limit, the statement fails with SQLSTATE 54000.
+			{"AggregateIDOverIndexEntry", func(e *producer.Event) { e.AggregateID = incompressible(3000) }, "AggregateID"},
+			{"IdempotencyKeyOverLimit", func(e *producer.Event) { e.IdempotencyKey = strings.Repeat("k", outbox.MaxIdempotencyKeyBytes+1) }, "IdempotencyKey"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				tx, err := db.Pool.Begin(ctx)
@@ -290,8 +299,55 @@ func TestWriter(t *testing.T) {
 				require.True(t, strings.HasPrefix(err.Error(), "producer: event 1: "+tc.field), err.Error())
 				require.NoError(t, tx.Commit(ctx))
 				require.Equal(t, 0, count(t, db), "nothing is written when one event is refused")
+				var sequences int
+				require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("sequences")).Scan(&sequences))
+				require.Zero(t, sequences, "no sequence is bumped when one event is refused")
 			})
 		}
+	})
+
+	t.Run("LengthLimitsAreInBytesAndNamed", func(t *testing.T) {
+		t.Parallel()
+		w, db := setup(t)
+		write := func(e producer.Event) error {
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			if _, err := w.Write(ctx, tx, e); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}
+		// At their limits, in two-byte characters, the fields are written
+		// and stored whole.
+		atLimit := event("")
+		atLimit.AggregateType = strings.Repeat("é", outbox.MaxAggregateTypeBytes/2) + "t"
+		atLimit.AggregateID = strings.Repeat("é", outbox.MaxAggregateIDBytes/2)
+		atLimit.IdempotencyKey = strings.Repeat("é", outbox.MaxIdempotencyKeyBytes/2)
+		require.NoError(t, write(atLimit))
+		var aggType, aggID, key string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT aggregate_type, aggregate_id, idempotency_key FROM `+db.Table("events")).Scan(&aggType, &aggID, &key))
+		require.Equal(t, []string{atLimit.AggregateType, atLimit.AggregateID, atLimit.IdempotencyKey}, []string{aggType, aggID, key})
+
+		// One byte more is refused, with a message that names the field,
+		// its length and the limit's constant.
+		for _, tc := range []struct {
+			edit func(e *producer.Event)
+			msg  string
+		}{
+			{func(e *producer.Event) { e.AggregateType += "x" }, "producer: event 0: AggregateType is 256 bytes; the limit is outbox.MaxAggregateTypeBytes (255)"},
+			{func(e *producer.Event) { e.AggregateID += "x" }, "producer: event 0: AggregateID is 1025 bytes; the limit is outbox.MaxAggregateIDBytes (1024)"},
+			{func(e *producer.Event) { e.AggregateID = incompressible(3000) }, "producer: event 0: AggregateID is 3000 bytes; the limit is outbox.MaxAggregateIDBytes (1024)"},
+			{func(e *producer.Event) { e.IdempotencyKey += "x" }, "producer: event 0: IdempotencyKey is 1025 bytes; the limit is outbox.MaxIdempotencyKeyBytes (1024)"},
+		} {
+			over := atLimit
+			tc.edit(&over)
+			err := write(over)
+			var verr *producer.ValidationError
+			require.ErrorAs(t, err, &verr)
+			require.EqualError(t, err, tc.msg)
+		}
+		require.Equal(t, 1, count(t, db))
 	})
 
 	// A finished pool transaction's connection is back in the pool and may
@@ -341,4 +397,12 @@ func TestWriter(t *testing.T) {
 		require.True(t, errors.Is(err, pgx.ErrTxClosed), err)
 		require.Equal(t, 0, count(t, db))
 	})
+}
+
+// incompressible returns n bytes of random lowercase hex, which PostgreSQL
+// cannot compress below the size of an index entry.
+func incompressible(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
 }
