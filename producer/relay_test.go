@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -424,6 +426,42 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		b.waitDelivered(t, 30*time.Second)
 		require.Equal(t, []int64{1, 2, 3}, publishOrder(t, b, "k"))
 		require.Len(t, checkOrder(t, b.broker.Records(t, b.topic, 5, 30*time.Second)), 5)
+	})
+
+	t.Run("PublishesSequencesPastInt32", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 2)
+		seqs := []int64{1 << 31, 1 << 53, math.MaxInt64}
+		for _, s := range seqs {
+			_, err := b.db.Pool.Exec(ctx, `INSERT INTO `+b.db.Table("sequences")+` (aggregate_type, aggregate_id, last_seq) VALUES ('account', $1, $2)`, strconv.FormatInt(s, 10), s-2)
+			require.NoError(t, err)
+		}
+		var events []producer.Event
+		for _, s := range seqs {
+			events = append(events, b.event(strconv.FormatInt(s, 10)), b.event(strconv.FormatInt(s, 10)))
+		}
+		b.write(t, events...)
+		b.startRelay(t, nil)
+		b.waitDelivered(t, 30*time.Second)
+		got := map[string][]string{}
+		for _, r := range b.broker.Records(t, b.topic, 6, 30*time.Second) {
+			seq, _ := header(r, outbox.HeaderAggregateSeq)
+			got[string(r.Key)] = append(got[string(r.Key)], seq)
+		}
+		for _, s := range seqs {
+			agg := strconv.FormatInt(s, 10)
+			require.Equal(t, []string{strconv.FormatInt(s-1, 10), agg}, got[agg], "aggregate %s", agg)
+		}
+	})
+
+	t.Run("RebalanceIntervalPastInt32Milliseconds", func(t *testing.T) {
+		t.Parallel()
+		// Three intervals of ten days are 2,592,000,000 ms, past an int4:
+		// the heartbeat's parameter must be a bigint.
+		b := newBundle(t, 1)
+		b.write(t, b.event("a"))
+		b.startRelay(t, &producer.RelayConfig{RebalanceInterval: 240 * time.Hour})
+		b.waitDelivered(t, 30*time.Second)
 	})
 
 	t.Run("StaleRetryingEntryHoldsNothingBack", func(t *testing.T) {

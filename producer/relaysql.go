@@ -138,14 +138,16 @@ WHERE e.id = ANY(ARRAY(SELECT id FROM ready))
 RETURNING ` + claimedColumns + `, e.leased_until`
 
 // heartbeatSQL renews this instance's row and counts the live instances;
-// rows dead for ten times the staleness are swept here too.
+// rows dead for ten times the staleness are swept here too. The staleness
+// ($4, milliseconds) is cast: next to the integer 10, PostgreSQL would take
+// it for an int4, which ends at 24.8 days.
 const heartbeatSQL = `
 WITH beat AS (
     INSERT INTO {schema}.relays (relay_id, heartbeat_at, idle_until)
     VALUES ($1, now(), CASE WHEN $2 THEN now() + $3 * interval '1 millisecond' END)
     ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, idle_until = excluded.idle_until
 ), sweep AS (
-    DELETE FROM {schema}.relays WHERE heartbeat_at < now() - 10 * $4 * interval '1 millisecond' AND relay_id <> $1
+    DELETE FROM {schema}.relays WHERE heartbeat_at < now() - 10 * $4::bigint * interval '1 millisecond' AND relay_id <> $1
 )
 SELECT 1 + count(*) FROM {schema}.relays
 WHERE heartbeat_at > now() - $4 * interval '1 millisecond' AND relay_id <> $1`

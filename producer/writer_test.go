@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -304,6 +305,58 @@ func TestWriter(t *testing.T) {
 				require.Zero(t, sequences, "no sequence is bumped when one event is refused")
 			})
 		}
+	})
+
+	t.Run("SequencesPastInt32", func(t *testing.T) {
+		t.Parallel()
+		w, db := setup(t)
+		// An aggregate whose sequence already stands just below s, as a
+		// long-lived one's does after that many events.
+		from := func(agg string, last int64) {
+			_, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("sequences")+` (aggregate_type, aggregate_id, last_seq) VALUES ('order', $1, $2)`, agg, last)
+			require.NoError(t, err)
+		}
+		write := func(events ...producer.Event) ([]producer.Written, error) {
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			written, err := w.Write(ctx, tx, events...)
+			if err != nil {
+				return nil, err
+			}
+			return written, tx.Commit(ctx)
+		}
+		for _, s := range []int64{1 << 31, 1 << 53, math.MaxInt64} {
+			// One event, and two of one aggregate plus one of another in
+			// one call: the two statements Write uses.
+			single, multi := fmt.Sprintf("single-%d", s), fmt.Sprintf("multi-%d", s)
+			from(single, s-1)
+			from(multi, s-2)
+			got, err := write(event(single))
+			require.NoError(t, err, "seq %d", s)
+			require.Equal(t, s, got[0].Seq)
+			got, err = write(event(multi), event("fresh-"+multi), event(multi))
+			require.NoError(t, err, "seq %d", s)
+			require.Equal(t, []int64{s - 1, 1, s}, []int64{got[0].Seq, got[1].Seq, got[2].Seq})
+		}
+		var stored int64
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT aggregate_seq FROM `+db.Table("events")+` WHERE aggregate_id = $1`, fmt.Sprintf("single-%d", int64(math.MaxInt64))).Scan(&stored))
+		require.Equal(t, int64(math.MaxInt64), stored)
+
+		// Past the largest bigint there is no next sequence: a clear error,
+		// and nothing written.
+		before := count(t, db)
+		for _, events := range [][]producer.Event{
+			{event(fmt.Sprintf("single-%d", int64(math.MaxInt64)))},
+			{event("another"), event(fmt.Sprintf("multi-%d", int64(math.MaxInt64)))},
+		} {
+			_, err := write(events...)
+			require.ErrorIs(t, err, producer.ErrSequenceExhausted)
+			require.ErrorContains(t, err, "9223372036854775807")
+		}
+		_, err := write(event(fmt.Sprintf("single-%d", int64(math.MaxInt64))))
+		require.ErrorContains(t, err, "aggregate order/single-9223372036854775807")
+		require.Equal(t, before, count(t, db))
 	})
 
 	t.Run("LengthLimitsAreInBytesAndNamed", func(t *testing.T) {
