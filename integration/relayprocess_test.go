@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/d419a114/outbox/producer"
 )
@@ -174,14 +176,26 @@ func TestScenarioRelayProcessKilled(t *testing.T) {
 	a := s.startRelayProcess("a")
 	b := s.startRelayProcess("b")
 	waitUntil(t, 60*time.Second, "both relay processes to own buckets, 64 in all", func() bool {
-		na, nb := len(s.buckets(a.name)), len(s.buckets(b.name))
-		return na > 0 && nb > 0 && na+nb == 64
+		return len(s.buckets(a.name)) == 32 && len(s.buckets(b.name)) == 32
 	})
 	s.waitProgress(300)
 
 	// A burst of writes, committed at once, keeps both relays busy with
 	// full batches for a while; kill a while it has a batch claimed and not
-	// yet marked.
+	// yet marked. On kfake, every produce request is answered 300 ms late
+	// meanwhile, so that the batch is still in flight when the kill lands.
+	if fake := s.broker.Fake; fake != nil {
+		var slow atomic.Bool
+		slow.Store(true)
+		fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+			fake.KeepControl()
+			if slow.Load() {
+				fake.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+			}
+			return nil, nil, false
+		})
+		defer slow.Store(false)
+	}
 	burst := make([]producer.Event, 20000)
 	for i := range burst {
 		burst[i] = s.event(fmt.Sprintf("agg-%03d", i%aggregates))
@@ -196,14 +210,15 @@ WHERE published_at IS NULL AND leased_until > now()
   AND ((hashtext(aggregate_type || ':' || aggregate_id) % 64) + 64) % 64 = ANY($1)`, buckets).Scan(&n))
 		return n
 	}
+	var leasedAtDeath int
 	waitUntil(t, 60*time.Second, "relay a mid-batch", func() bool {
 		owned = s.buckets(a.name)
-		return leasedIn(owned) > 0
+		leasedAtDeath = leasedIn(owned)
+		return leasedAtDeath > 0
 	})
 	a.kill(t)
 	var died time.Time
 	require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&died))
-	leasedAtDeath := leasedIn(owned)
 	// The aggregates of the dead relay's buckets that have events waiting.
 	rows, err := s.db.Pool.Query(ctx, `SELECT DISTINCT aggregate_id FROM `+s.db.Table("events")+`
 WHERE published_at IS NULL AND ((hashtext(aggregate_type || ':' || aggregate_id) % 64) + 64) % 64 = ANY($1)`, owned)

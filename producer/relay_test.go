@@ -428,6 +428,84 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		require.Len(t, checkOrder(t, b.broker.Records(t, b.topic, 5, 30*time.Second)), 5)
 	})
 
+	t.Run("LeaseOfAPreviousOwnerHoldsOnlyItsAggregates", func(t *testing.T) {
+		t.Parallel()
+		// Seq 1 of k is leased for two more seconds, as a relay that died
+		// mid-batch leaves it. The relay that takes the bucket holds k
+		// until the lease ends, and publishes the bucket's other aggregate
+		// at once.
+		b := newBundle(t, 1)
+		var neighbour string
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT 'n-' || g FROM generate_series(1, 10000) g
+WHERE hashtext('account:n-' || g) % 64 = hashtext('account:k') % 64 LIMIT 1`).Scan(&neighbour))
+		written := b.write(t, b.event("k"), b.event("k"), b.event(neighbour))
+		var leasedUntil time.Time
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `UPDATE `+b.db.Table("events")+` SET leased_until = now() + interval '2 seconds'
+WHERE id = $1 RETURNING leased_until`, written[0].ID).Scan(&leasedUntil))
+
+		relay := b.startRelayWith(t, &producer.RelayConfig{PollInterval: 10 * time.Millisecond})
+		waitFor(t, 30*time.Second, "the neighbour delivered", func() bool {
+			var done bool
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT published_at IS NOT NULL FROM `+b.db.Table("events")+` WHERE id = $1`, written[2].ID).Scan(&done))
+			return done
+		})
+		require.True(t, time.Now().Before(leasedUntil), "the neighbour waited for the lease")
+		require.Equal(t, 2, b.undelivered(t), "k waits for its lease")
+		h := relay.Health()
+		require.Equal(t, 64, h.Buckets)
+		require.Len(t, h.Held, 1, "%+v", h)
+		require.Equal(t, "k", h.Held[0].AggregateID)
+		require.False(t, h.Held[0].OwnBatch)
+		require.WithinDuration(t, leasedUntil, h.Held[0].Until, time.Second)
+
+		b.waitDelivered(t, 30*time.Second)
+		require.Equal(t, []int64{1, 2}, publishOrder(t, b, "k"))
+		waitFor(t, 10*time.Second, "the hold gone from health", func() bool { return len(relay.Health().Held) == 0 })
+	})
+
+	t.Run("LeasedEarlierRowHoldsBackItsAggregateInTheClaim", func(t *testing.T) {
+		t.Parallel()
+		// The claim on its own, with no hold: a lease the relay does not
+		// know of (renewed by a relay that lost the bucket, after the new
+		// owner looked) must still keep seq 2 back.
+		b := newBundle(t, 1)
+		written := b.write(t, b.event("k"), b.event("k"), b.event("other"))
+		_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("events")+` SET leased_until = now() + interval '1 hour' WHERE id = $1`, written[0].ID)
+		require.NoError(t, err)
+		buckets := make([]int32, 64)
+		for i := range buckets {
+			buckets[i] = int32(i)
+		}
+		rows, err := b.db.Pool.Query(ctx, producer.ClaimSQL(b.db.Schema), buckets, 10, 30_000, []int32{})
+		require.NoError(t, err)
+		var claimed []int64
+		for rows.Next() {
+			v, err := rows.Values()
+			require.NoError(t, err)
+			claimed = append(claimed, v[0].(int64))
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, []int64{written[2].ID}, claimed, "only the other aggregate is claimed")
+	})
+
+	t.Run("RelayWhoseSessionEndedIsNotCountedLive", func(t *testing.T) {
+		t.Parallel()
+		// Two rows with fresh heartbeats: one whose lock session still
+		// exists, one whose session is gone, as a relay killed a moment ago
+		// leaves. The first counts, the second does not: the new relay
+		// takes half the buckets, not a third.
+		b := newBundle(t, 1)
+		alive, err := b.db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer alive.Release()
+		_, err = b.db.Pool.Exec(ctx, `INSERT INTO `+b.db.Table("relays")+` (relay_id, heartbeat_at, session_pid)
+VALUES ('alive', now() + interval '1 hour', $1), ('dead', now() + interval '1 hour', 2147483647)`, alive.Conn().PgConn().PID())
+		require.NoError(t, err)
+		relay := b.startRelayWith(t, &producer.RelayConfig{RebalanceInterval: 50 * time.Millisecond})
+		waitFor(t, 30*time.Second, "the relay to take its buckets", func() bool { return relay.Health().Buckets > 0 })
+		require.Equal(t, 32, relay.Health().Buckets)
+	})
+
 	t.Run("PublishesSequencesPastInt32", func(t *testing.T) {
 		t.Parallel()
 		b := newBundle(t, 2)

@@ -2,22 +2,22 @@ package producer
 
 // relaySQL holds the relay's statements with the schema filled in.
 type relaySQL struct {
-	claim, heartbeat, leasedBuckets, setIdle, leave              string
+	claim, heartbeat, leasedAggregates, setIdle, leave           string
 	markDelivered, release, recordFailures, moveDead, renewLease string
 }
 
 func newRelaySQL(schema string) relaySQL {
 	return relaySQL{
-		claim:          qualify(claimSQL, schema),
-		heartbeat:      qualify(heartbeatSQL, schema),
-		leasedBuckets:  qualify(leasedBucketsSQL, schema),
-		setIdle:        qualify(setIdleSQL, schema),
-		leave:          qualify(`DELETE FROM {schema}.relays WHERE relay_id = $1`, schema),
-		markDelivered:  qualify(markDeliveredSQL, schema),
-		release:        qualify(`UPDATE {schema}.events SET leased_until = NULL WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND leased_until = $2`, schema),
-		recordFailures: qualify(recordFailuresSQL, schema),
-		moveDead:       qualify(moveDeadSQL, schema),
-		renewLease:     qualify(renewLeaseSQL, schema),
+		claim:            qualify(claimSQL, schema),
+		heartbeat:        qualify(heartbeatSQL, schema),
+		leasedAggregates: qualify(leasedAggregatesSQL, schema),
+		setIdle:          qualify(setIdleSQL, schema),
+		leave:            qualify(`DELETE FROM {schema}.relays WHERE relay_id = $1`, schema),
+		markDelivered:    qualify(markDeliveredSQL, schema),
+		release:          qualify(`UPDATE {schema}.events SET leased_until = NULL WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND leased_until = $2`, schema),
+		recordFailures:   qualify(recordFailuresSQL, schema),
+		moveDead:         qualify(moveDeadSQL, schema),
+		renewLease:       qualify(renewLeaseSQL, schema),
 	}
 }
 
@@ -29,18 +29,23 @@ func newRelaySQL(schema string) relaySQL {
 // locks last only for this statement: the lease in leased_until is what
 // reserves the rows while they are published.
 //
-// A candidate that could not be locked holds back the later candidates of
-// its aggregate (skipped, below). Its lock may belong to a relay whose
-// lease lapsed and that is still inside its settle transaction, recording
-// the row's failure: that failure is not committed yet, so nothing else
-// here knows the row failed, and claiming the aggregate's next row would
-// put it on the wire first. A candidate that changed after this
-// statement's snapshot (another session's commit) cannot be locked as read
-// either and holds its aggregate back the same way, until the next claim
-// sees the change. Reading before locking is what makes the skipped rows
-// visible at all: a locking scan passes them over without a trace. Every
-// earlier undelivered row of an aggregate that could go out is itself a
-// candidate (same filters, lower id), so none is missed.
+// A candidate that could not be locked, or is leased, holds back the later
+// candidates of its aggregate (skipped, below). Its lock may belong to a
+// relay whose lease lapsed and that is still inside its settle
+// transaction, recording the row's failure: that failure is not committed
+// yet, so nothing else here knows the row failed, and claiming the
+// aggregate's next row would put it on the wire first. A candidate that
+// changed after this statement's snapshot (another session's commit)
+// cannot be locked as read either and holds its aggregate back the same
+// way, until the next claim sees the change. A leased candidate is in
+// flight with another relay (or with a batch of this one whose outcome
+// could not be recorded): the relay leaves such aggregates out by their
+// hash ($4) once it knows of them, and this check covers a lease it does
+// not know of yet, such as one renewed by a relay that lost its buckets
+// while the new owner looked. Reading before locking is what makes the
+// skipped rows visible at all: a locking scan passes them over without a
+// trace. Every earlier undelivered row of an aggregate that could go out is
+// itself a candidate (same filters, lower id), so none is missed.
 //
 // A row is not a candidate while an earlier undelivered row of its
 // aggregate failed and is waiting out its backoff (or is leased again), or
@@ -66,14 +71,12 @@ func newRelaySQL(schema string) relaySQL {
 // table. (BenchmarkClaim: on the plain table the claim takes about 9% longer
 // than the locking scan it replaced, on the partitioned one about 5% less.)
 //
-// $4 lists the bucket hashes of the aggregates in the batch still in
-// flight, which the claim leaves out (a hashed subplan, whatever its size).
-//
-// Rows leased without a recorded failure are in flight with this relay's
-// own batch (none, between batches), with a relay that lost its buckets
-// (the new owner's fence waits out their leases), or left by a batch whose
-// outcome could not be recorded (the relay then fences all its buckets
-// until their leases end).
+// $4 lists the bucket hashes of the aggregates the claim leaves out (a
+// hashed subplan, whatever its size): those of the batch still in flight,
+// and those held because rows of theirs are leased elsewhere: to a relay
+// that lost their bucket, or by a batch of this relay whose outcome could
+// not be recorded (see bucketOwner.holds). Leaving them out before the
+// LIMIT keeps their leased rows from filling the batch.
 const claimSQL = `
 WITH retrying AS MATERIALIZED (
     SELECT e.id, e.aggregate_type, e.aggregate_id, e.next_attempt_at, e.leased_until
@@ -97,7 +100,6 @@ WITH retrying AS MATERIALIZED (
     FROM {schema}.events e
     WHERE e.published_at IS NULL
       AND e.next_attempt_at <= now()
-      AND (e.leased_until IS NULL OR e.leased_until < now())
       AND ` + bucketExprE + ` = ANY($1::int[])
       AND ` + hashExprE + ` NOT IN (SELECT unnest($4::int[]))
       AND NOT EXISTS (
@@ -137,29 +139,39 @@ SET leased_until = now() + $3 * interval '1 millisecond'
 WHERE e.id = ANY(ARRAY(SELECT id FROM ready))
 RETURNING ` + claimedColumns + `, e.leased_until`
 
-// heartbeatSQL renews this instance's row and counts the live instances;
-// rows dead for ten times the staleness are swept here too. The staleness
-// ($4, milliseconds) is cast: next to the integer 10, PostgreSQL would take
-// it for an int4, which ends at 24.8 days.
+// heartbeatSQL renews this instance's row, with the pid of the lock
+// session it runs on, and counts the live instances: those with a fresh
+// heartbeat whose lock session still exists (a row without a pid, from a
+// relay built before migration 0006, by its heartbeat alone). Rows dead
+// for ten times the staleness are swept here too. The staleness ($4,
+// milliseconds) is cast: next to the integer 10, PostgreSQL would take it
+// for an int4, which ends at 24.8 days.
 const heartbeatSQL = `
 WITH beat AS (
-    INSERT INTO {schema}.relays (relay_id, heartbeat_at, idle_until)
-    VALUES ($1, now(), CASE WHEN $2 THEN now() + $3 * interval '1 millisecond' END)
-    ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, idle_until = excluded.idle_until
+    INSERT INTO {schema}.relays (relay_id, heartbeat_at, idle_until, session_pid)
+    VALUES ($1, now(), CASE WHEN $2 THEN now() + $3 * interval '1 millisecond' END, pg_backend_pid())
+    ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, idle_until = excluded.idle_until,
+                                         session_pid = excluded.session_pid
 ), sweep AS (
     DELETE FROM {schema}.relays WHERE heartbeat_at < now() - 10 * $4::bigint * interval '1 millisecond' AND relay_id <> $1
 )
-SELECT 1 + count(*) FROM {schema}.relays
-WHERE heartbeat_at > now() - $4 * interval '1 millisecond' AND relay_id <> $1`
+SELECT 1 + count(*) FROM {schema}.relays r
+WHERE r.heartbeat_at > now() - $4 * interval '1 millisecond' AND r.relay_id <> $1
+  AND (r.session_pid IS NULL OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session_pid))`
 
-// leasedBucketsSQL finds buckets that still have rows leased to an earlier
-// owner, and in how many seconds the last lease ends (computed by the
-// server, so clock skew between hosts does not matter).
-const leasedBucketsSQL = `
-SELECT ` + bucketExpr + ` AS bucket, extract(epoch FROM max(leased_until) - now())::float8
-FROM {schema}.events
-WHERE published_at IS NULL AND leased_until > now() AND ` + bucketExpr + ` = ANY($1::int[])
-GROUP BY 1`
+// leasedAggregatesSQL finds the aggregates of the given buckets that have
+// undelivered rows under a lease, leaving out those of the batch in flight
+// ($2, bucket hashes), and in how many seconds their last lease ends
+// (computed by the server, so clock skew between hosts does not matter).
+// It reads the whole backlog of the buckets; it runs when buckets are taken
+// and when a hold ends, not per claim.
+const leasedAggregatesSQL = `
+SELECT ` + bucketExprE + ` AS bucket, ` + hashExprE + ` AS hash, e.aggregate_type, e.aggregate_id,
+       extract(epoch FROM max(e.leased_until) - now())::float8
+FROM {schema}.events e
+WHERE e.published_at IS NULL AND e.leased_until > now() AND ` + bucketExprE + ` = ANY($1::int[])
+  AND ` + hashExprE + ` NOT IN (SELECT unnest($2::int[]))
+GROUP BY 1, 2, 3, 4`
 
 const setIdleSQL = `
 UPDATE {schema}.relays SET idle_until = now() + $2 * interval '1 millisecond' WHERE relay_id = $1`
