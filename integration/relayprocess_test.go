@@ -248,12 +248,18 @@ WHERE aggregate_id = ANY($1) AND published_at > $2 GROUP BY aggregate_id`, waiti
 	slices.Sort(stalls)
 	t.Logf("relay a killed with %d rows leased in its %d buckets; %d of its aggregates had events waiting; stall from its death to their next publish: median %s, max %s",
 		leasedAtDeath, len(owned), len(waiting), stalls[len(stalls)/2].Round(time.Millisecond), stalls[len(stalls)-1].Round(time.Millisecond))
+	// The relays that took the dead one's buckets say what they wait for.
+	held := false
 	for _, p := range []*relayProcess{b, c} {
 		for _, line := range strings.Split(p.log(), "\n") {
 			if strings.Contains(line, "level=WARN") {
 				t.Logf("relay %s: %s", p.name, line)
 			}
+			held = held || strings.Contains(line, `level=WARN msg="relay: holding back aggregates`) && strings.Contains(line, "until=")
 		}
+	}
+	if stalls[len(stalls)-1] > time.Second {
+		require.True(t, held, "an aggregate waited for a lease, and no relay logged at WARN what it waited for")
 	}
 
 	s.waitProgress(300) // writes go on behind the successors
