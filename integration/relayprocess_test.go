@@ -182,15 +182,25 @@ func TestScenarioRelayProcessKilled(t *testing.T) {
 
 	// A burst of writes, committed at once, keeps both relays busy with
 	// full batches for a while; kill a while it has a batch claimed and not
-	// yet marked. On kfake, every produce request is answered 300 ms late
-	// meanwhile, so that the batch is still in flight when the kill lands.
+	// yet marked. On kfake, every produce request is held for 300 ms
+	// meanwhile, so that the batch is still in flight when the kill lands,
+	// and one that arrived before the kill is then dropped with its
+	// connection, unapplied: the dead relay's records never reach the
+	// topic, as when a process dies before its client sent them. (The
+	// others' clients send theirs again.)
+	var killedAt atomic.Pointer[time.Time]
 	if fake := s.broker.Fake; fake != nil {
 		var slow atomic.Bool
 		slow.Store(true)
 		fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
 			fake.KeepControl()
-			if slow.Load() {
-				fake.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+			if !slow.Load() {
+				return nil, nil, false
+			}
+			arrived := time.Now()
+			fake.SleepControl(func() { time.Sleep(300 * time.Millisecond) })
+			if k := killedAt.Load(); k != nil && arrived.Before(*k) {
+				return nil, errors.New("connection dropped on purpose"), true
 			}
 			return nil, nil, false
 		})
@@ -216,6 +226,8 @@ WHERE published_at IS NULL AND leased_until > now()
 		leasedAtDeath = leasedIn(owned)
 		return leasedAtDeath > 0
 	})
+	now := time.Now()
+	killedAt.Store(&now)
 	a.kill(t)
 	var died time.Time
 	require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&died))
