@@ -45,18 +45,40 @@ type bucketOwner struct {
 	conn *pgx.Conn
 	// owned are the buckets this session has locked.
 	owned map[int32]bool
-	// fencedUntil holds newly taken buckets whose previous owner may still be
-	// publishing claimed rows; they are not claimed from before then.
-	fencedUntil map[int32]time.Time
-	// claimable is owned minus fenced, sorted; the claim's parameter.
+	// unchecked are newly taken buckets whose leased rows have not been
+	// looked up yet; nothing is claimed from them until they are.
+	unchecked map[int32]bool
+	// holds are the aggregates, by bucket hash, that claims leave out
+	// because rows of theirs are leased: to a previous owner of their
+	// bucket, which may still be publishing them, or by a batch of this
+	// relay whose outcome could not be recorded. Claiming their later rows
+	// would put them on the wire first; claiming the leased rows themselves
+	// is not possible before the lease ends. A hold ends when its lease
+	// does, and is then looked up again: a lease renewed meanwhile (its
+	// relay is still waiting for the broker) holds on.
+	holds map[int32]hold
+	// claimable is owned minus unchecked, sorted; the claim's parameter.
 	claimable []int32
 	// idleRefreshed is when idle_until was last extended.
 	idleRefreshed time.Time
 }
 
-func newBucketOwner(r *Relay) *bucketOwner {
-	return &bucketOwner{r: r, owned: map[int32]bool{}, fencedUntil: map[int32]time.Time{}}
+// hold is one aggregate left out of claims until its lease ends.
+type hold struct {
+	bucket                     int32
+	aggregateType, aggregateID string
+	until                      time.Time
+	// own is set for the aggregates of a batch of this relay whose outcome
+	// could not be recorded.
+	own bool
 }
+
+func newBucketOwner(r *Relay) *bucketOwner {
+	return &bucketOwner{r: r, owned: map[int32]bool{}, unchecked: map[int32]bool{}, holds: map[int32]hold{}}
+}
+
+// bucketOf is bucketExpr for a hash computed by the server.
+func bucketOf(hash int32) int32 { return ((hash % numBuckets) + numBuckets) % numBuckets }
 
 // rebalance renews this instance's heartbeat and takes or gives up buckets
 // so that each live instance owns about numBuckets/live of them. It runs
@@ -97,7 +119,12 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 		}
 		for _, b := range give {
 			delete(o.owned, b)
-			delete(o.fencedUntil, b)
+			delete(o.unchecked, b)
+		}
+		for h, hd := range o.holds {
+			if !o.owned[hd.bucket] {
+				delete(o.holds, h)
+			}
 		}
 		o.r.log.InfoContext(ctx, "relay: gave up buckets", slog.Int("count", len(give)), slog.Int("owned", len(o.owned)), slog.Int("live_relays", live))
 	}
@@ -127,72 +154,179 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 		if len(taken) > 0 {
 			for _, b := range taken {
 				o.owned[b] = true
-				o.fencedUntil[b] = time.Now() // checked below
+				o.unchecked[b] = true // looked up below
 			}
 			o.r.log.InfoContext(ctx, "relay: took buckets", slog.Int("count", len(taken)), slog.Int("owned", len(o.owned)), slog.Int("live_relays", live))
 		}
 	}
-	return o.refreshFences(ctx)
+	// Nothing is in flight between batches.
+	return o.refreshHolds(ctx, nil)
 }
 
-// refreshFences looks, for each fenced bucket, whether rows in it are still
-// leased to somebody (a previous owner that lost its lock while publishing),
-// and keeps the bucket out of claims until those leases end or the rows are
-// marked. This keeps two instances from publishing one aggregate at once.
-func (o *bucketOwner) refreshFences(ctx context.Context) error {
-	if len(o.fencedUntil) > 0 {
-		var check []int32
-		for b, until := range o.fencedUntil {
-			if !time.Now().Before(until) {
-				check = append(check, b)
-			}
-		}
-		if len(check) > 0 {
-			rows, err := o.conn.Query(ctx, o.r.sql.leasedBuckets, check)
-			if err != nil {
-				o.reset(ctx)
-				return err
-			}
-			busy := map[int32]time.Time{}
-			for rows.Next() {
-				var b int32
-				var seconds float64
-				if err := rows.Scan(&b, &seconds); err != nil {
-					rows.Close()
-					return err
-				}
-				busy[b] = time.Now().Add(time.Duration(seconds * float64(time.Second)))
-			}
-			if err := rows.Err(); err != nil {
-				o.reset(ctx)
-				return err
-			}
-			for _, b := range check {
-				if until, ok := busy[b]; ok {
-					o.fencedUntil[b] = until
-				} else {
-					delete(o.fencedUntil, b)
-				}
-			}
+// holdsDue reports whether a hold has ended or a bucket waits to be
+// checked, so that refreshHolds has something to do.
+func (o *bucketOwner) holdsDue() bool {
+	if len(o.unchecked) > 0 {
+		return true
+	}
+	now := time.Now()
+	for _, h := range o.holds {
+		if !now.Before(h.until) {
+			return true
 		}
 	}
-	o.claimable = o.claimable[:0]
-	for _, b := range o.sortedOwned() {
-		if _, fenced := o.fencedUntil[b]; !fenced {
-			o.claimable = append(o.claimable, b)
+	return false
+}
+
+// nextHoldEnd is when the first hold ends; zero when there is none.
+func (o *bucketOwner) nextHoldEnd() time.Time {
+	var next time.Time
+	for _, h := range o.holds {
+		if next.IsZero() || h.until.Before(next) {
+			next = h.until
 		}
 	}
+	return next
+}
+
+// refreshHolds looks up the leased rows of the buckets just taken and of
+// the buckets whose holds ended, leaving out the aggregates of the batch in
+// flight (busy, their hashes), and holds each aggregate found until its
+// last lease ends. This keeps two instances from publishing one aggregate
+// at once, and a new owner from publishing an aggregate's later events
+// before the leased ones. Only the aggregates with leased rows wait; the
+// rest of a bucket is claimed from at once. On an error, buckets not looked
+// up stay out of claims and ended holds stay in force.
+func (o *bucketOwner) refreshHolds(ctx context.Context, busy []int32) error {
+	defer o.publishHealth()
+	var check []int32
+	seen := map[int32]bool{}
+	for b := range o.unchecked {
+		check, seen[b] = append(check, b), true
+	}
+	now := time.Now()
+	for _, h := range o.holds {
+		if !now.Before(h.until) && !seen[h.bucket] {
+			check, seen[h.bucket] = append(check, h.bucket), true
+		}
+	}
+	if len(check) > 0 {
+		if busy == nil {
+			busy = []int32{}
+		}
+		rows, err := o.conn.Query(ctx, o.r.sql.leasedAggregates, check, busy)
+		if err != nil {
+			o.reset(ctx)
+			o.updateClaimable()
+			return err
+		}
+		found := map[int32]hold{}
+		for rows.Next() {
+			var h hold
+			var hash int32
+			var seconds float64
+			if err := rows.Scan(&h.bucket, &hash, &h.aggregateType, &h.aggregateID, &seconds); err != nil {
+				rows.Close()
+				o.updateClaimable()
+				return err
+			}
+			h.until = now.Add(time.Duration(seconds * float64(time.Second)))
+			if prev, ok := found[hash]; ok && prev.until.After(h.until) {
+				h.until = prev.until // a hash shared by two aggregates holds both
+			}
+			found[hash] = h
+		}
+		if err := rows.Err(); err != nil {
+			o.reset(ctx)
+			o.updateClaimable()
+			return err
+		}
+		had := len(o.holds)
+		for hash, h := range o.holds {
+			if seen[h.bucket] {
+				if _, still := found[hash]; still {
+					found[hash] = hold{bucket: h.bucket, aggregateType: found[hash].aggregateType, aggregateID: found[hash].aggregateID,
+						until: found[hash].until, own: h.own}
+				}
+				delete(o.holds, hash)
+			}
+		}
+		for hash, h := range found {
+			o.holds[hash] = h
+		}
+		for _, b := range check {
+			delete(o.unchecked, b)
+		}
+		switch {
+		case len(found) > 0:
+			o.logHolds(ctx, "relay: holding back aggregates whose events are still leased (to a relay that lost their buckets, or to a batch of this one whose outcome was not recorded); they resume when the leases end", found)
+		case had > 0 && len(o.holds) == 0:
+			o.r.log.InfoContext(ctx, "relay: leases ended; the held aggregates are published again", slog.Int("aggregates", had))
+		}
+	}
+	o.updateClaimable()
 	return nil
 }
 
-// fenceAll keeps every owned bucket out of claims until the given time.
-// The bound is local time, Lease from now: the lease it waits out was set
-// by the server before now, so it ends before that.
-func (o *bucketOwner) fenceAll(until time.Time) {
-	for b := range o.owned {
-		o.fencedUntil[b] = until
+// holdBatch holds the aggregates of a batch whose outcome could not be
+// recorded until its lease ends: its rows keep their lease and nothing
+// says which failed, so their aggregates' later events must not go out
+// before them. Then they come first, in order, and the acknowledged ones go
+// out a second time, which at-least-once allows.
+func (o *bucketOwner) holdBatch(ctx context.Context, batch []*claimedEvent, until time.Time) {
+	defer o.publishHealth()
+	added := map[int32]hold{}
+	for _, e := range batch {
+		h := hold{bucket: bucketOf(e.bucketHash), aggregateType: e.aggregateType, aggregateID: e.aggregateID, until: until, own: true}
+		if prev, ok := o.holds[e.bucketHash]; ok && prev.until.After(until) {
+			h.until = prev.until
+		}
+		o.holds[e.bucketHash], added[e.bucketHash] = h, h
 	}
+	o.logHolds(ctx, "relay: holding back the aggregates of a batch whose outcome could not be recorded until its lease ends; their events are published again then", added)
+}
+
+// logHolds says at WARN which aggregates are held, in which buckets and
+// until when.
+func (o *bucketOwner) logHolds(ctx context.Context, msg string, held map[int32]hold) {
+	var until time.Time
+	var buckets []int32
+	var sample []string
+	inBucket := map[int32]bool{}
+	for _, h := range held {
+		if h.until.After(until) {
+			until = h.until
+		}
+		if !inBucket[h.bucket] {
+			inBucket[h.bucket] = true
+			buckets = append(buckets, h.bucket)
+		}
+		sample = append(sample, h.aggregateType+"/"+h.aggregateID)
+	}
+	slices.Sort(buckets)
+	slices.Sort(sample)
+	o.r.log.WarnContext(ctx, msg, slog.Int("aggregates", len(held)), slog.Any("buckets", buckets),
+		slog.Any("sample", sample[:min(len(sample), 10)]), slog.Time("until", until),
+		slog.Duration("for", time.Until(until).Round(time.Millisecond)))
+}
+
+// updateClaimable recomputes claimable from owned and unchecked.
+func (o *bucketOwner) updateClaimable() {
 	o.claimable = o.claimable[:0]
+	for _, b := range o.sortedOwned() {
+		if !o.unchecked[b] {
+			o.claimable = append(o.claimable, b)
+		}
+	}
+}
+
+// heldHashes returns the bucket hashes of the held aggregates.
+func (o *bucketOwner) heldHashes() []int32 {
+	out := make([]int32, 0, len(o.holds))
+	for h := range o.holds {
+		out = append(out, h)
+	}
+	return out
 }
 
 func (o *bucketOwner) sortedOwned() []int32 {
@@ -205,14 +339,17 @@ func (o *bucketOwner) sortedOwned() []int32 {
 }
 
 // claim leases the next batch of this instance's buckets, leaving out the
-// aggregates whose bucket hash is in busy. It runs on the lock session: a
-// claim succeeds only while the locks are held.
+// aggregates whose bucket hash is in busy and the held ones. It runs on the
+// lock session: a claim succeeds only while the locks are held.
 func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent, error) {
 	if o.conn == nil {
 		return nil, errNoSession
 	}
 	if len(o.claimable) == 0 {
 		return nil, nil
+	}
+	if len(o.holds) > 0 {
+		busy = append(slices.Clip(busy), o.heldHashes()...)
 	}
 	rows, err := o.conn.Query(ctx, o.r.sql.claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy)
 	if err != nil {
@@ -275,8 +412,10 @@ func (o *bucketOwner) dropAll(ctx context.Context) {
 		o.conn = nil
 	}
 	clear(o.owned)
-	clear(o.fencedUntil)
+	clear(o.unchecked)
+	clear(o.holds)
 	o.claimable = o.claimable[:0]
+	o.publishHealth()
 }
 
 // close leaves the group: it deletes this instance's row, so the others

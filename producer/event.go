@@ -13,10 +13,12 @@ import (
 // required; the rest is optional (a nil Payload is published as an empty
 // value).
 type Event struct {
-	// AggregateType is the kind of entity the event is about, such as "order".
+	// AggregateType is the kind of entity the event is about, such as
+	// "order": at most outbox.MaxAggregateTypeBytes bytes.
 	AggregateType string
-	// AggregateID identifies the entity. It becomes the Kafka record key, so
-	// one aggregate's events stay on one partition, in order.
+	// AggregateID identifies the entity: at most outbox.MaxAggregateIDBytes
+	// bytes. It becomes the Kafka record key, so one aggregate's events stay
+	// on one partition, in order.
 	AggregateID string
 	// EventType names what happened, such as "order.created".
 	EventType string
@@ -32,9 +34,10 @@ type Event struct {
 	// be printable ASCII without spaces and may not start with
 	// outbox.ReservedHeaderPrefix; values must be UTF-8 without NUL bytes.
 	Headers map[string]string
-	// IdempotencyKey is what consumers deduplicate on. Default: the event id.
-	// Set it to the key of the request that caused the event to make a
-	// retried request produce a duplicate that consumers drop.
+	// IdempotencyKey is what consumers deduplicate on: at most
+	// outbox.MaxIdempotencyKeyBytes bytes. Default: the event id. Set it to
+	// the key of the request that caused the event to make a retried
+	// request produce a duplicate that consumers drop.
 	IdempotencyKey string
 }
 
@@ -48,12 +51,15 @@ type Written struct {
 	Seq int64
 }
 
-// ValidationError says which field of which event was refused and why.
-// Nothing is written when Write returns one.
+// ValidationError says which field of which event was refused and why:
+// an empty required field, text that is not UTF-8, a payload over
+// WriterConfig.MaxPayloadBytes, a field over its outbox.Max*Bytes limit, a
+// reserved or malformed header. Nothing is written when Write returns one;
+// the error is permanent (the same event is refused again).
 type ValidationError struct {
 	// Index is the event's position in the Write call.
 	Index int
-	// Field names the offending field.
+	// Field names the offending field of Event, such as "AggregateID".
 	Field string
 	// Reason says what is wrong.
 	Reason string
@@ -77,6 +83,21 @@ func (e *Event) validate(i int, maxPayload int) error {
 		return bad("EventType", "is empty")
 	case len(e.Payload) > maxPayload:
 		return bad("Payload", fmt.Sprintf("is %d bytes, over the limit of %d (WriterConfig.MaxPayloadBytes)", len(e.Payload), maxPayload))
+	}
+	// The fields that end up in an index, here (sequences) or in the
+	// consumer's tables: an event over a limit is one no consumer of this
+	// SDK could ever apply.
+	for _, f := range []struct {
+		name, v, constant string
+		limit             int
+	}{
+		{"AggregateType", e.AggregateType, "MaxAggregateTypeBytes", outbox.MaxAggregateTypeBytes},
+		{"AggregateID", e.AggregateID, "MaxAggregateIDBytes", outbox.MaxAggregateIDBytes},
+		{"IdempotencyKey", e.IdempotencyKey, "MaxIdempotencyKeyBytes", outbox.MaxIdempotencyKeyBytes},
+	} {
+		if len(f.v) > f.limit {
+			return bad(f.name, fmt.Sprintf("is %d bytes; the limit is outbox.%s (%d)", len(f.v), f.constant, f.limit))
+		}
 	}
 	for _, f := range []struct{ name, v string }{
 		{"AggregateType", e.AggregateType}, {"AggregateID", e.AggregateID}, {"EventType", e.EventType},

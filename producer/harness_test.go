@@ -75,6 +75,19 @@ func (b *bundle) write(t testing.TB, events ...producer.Event) []producer.Writte
 // ends) and checks that Run returned as it should.
 func (b *bundle) startRelay(t *testing.T, cfg *producer.RelayConfig, opts ...kgo.Opt) (stop func()) {
 	t.Helper()
+	_, stop = b.startRelayAnd(t, cfg, opts...)
+	return stop
+}
+
+// startRelayWith is startRelay for a test that needs the relay itself.
+func (b *bundle) startRelayWith(t *testing.T, cfg *producer.RelayConfig, opts ...kgo.Opt) *producer.Relay {
+	t.Helper()
+	relay, _ := b.startRelayAnd(t, cfg, opts...)
+	return relay
+}
+
+func (b *bundle) startRelayAnd(t *testing.T, cfg *producer.RelayConfig, opts ...kgo.Opt) (relay *producer.Relay, stop func()) {
+	t.Helper()
 	poolCfg, err := pgxpool.ParseConfig(b.db.Server.URL)
 	require.NoError(t, err)
 	poolCfg.ConnConfig.RuntimeParams["application_name"] = b.appName
@@ -88,7 +101,7 @@ func (b *bundle) startRelay(t *testing.T, cfg *producer.RelayConfig, opts ...kgo
 	}
 	c.Schema = b.db.Schema
 	c.Logger = testLogger(t)
-	relay, err := producer.NewRelay(pool, client, &c)
+	relay, err = producer.NewRelay(pool, client, &c)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -107,7 +120,7 @@ func (b *bundle) startRelay(t *testing.T, cfg *producer.RelayConfig, opts ...kgo
 		})
 	}
 	t.Cleanup(stop)
-	return stop
+	return relay, stop
 }
 
 // failUpdates makes the first n statements that update column of the

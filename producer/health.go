@@ -1,8 +1,10 @@
 package producer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/d419a114/outbox"
@@ -41,4 +43,63 @@ func ReadHealth(ctx context.Context, db DB, schema string) (Health, error) {
 	}
 	h.OldestUndelivered = time.Duration(oldest * float64(time.Second))
 	return h, nil
+}
+
+// RelayHealth is a running relay's own account of its share of the work,
+// for a health endpoint of the process that runs it; Relay.Health returns
+// it. Undelivered events whose age climbs while Held lists their aggregate
+// are waiting for a lease, not lost: the relay logs each hold at WARN too.
+type RelayHealth struct {
+	// RelayID names the instance (RelayConfig.RelayID).
+	RelayID string
+	// Buckets counts the buckets the instance owns, of 64.
+	Buckets int
+	// Unchecked counts owned buckets whose leased rows could not be looked
+	// up yet (the database failed the query): nothing is claimed from them
+	// until they are.
+	Unchecked int
+	// Held lists the aggregates the instance leaves out of its claims,
+	// earliest end first, because rows of theirs are still leased: to a
+	// relay that lost their bucket (died, or lost its session) and may still
+	// be publishing them, or by a batch of this relay whose outcome could
+	// not be recorded. Empty when the relay waits for nothing.
+	Held []HeldAggregate
+}
+
+// HeldAggregate is one aggregate a relay waits for.
+type HeldAggregate struct {
+	// AggregateType and AggregateID name the aggregate.
+	AggregateType, AggregateID string
+	// Bucket is the aggregate's bucket.
+	Bucket int
+	// Until is when the lease the relay waits for ends. The relay looks
+	// again then: a lease renewed meanwhile (its relay still waits for the
+	// broker) holds the aggregate on.
+	Until time.Time
+	// OwnBatch is true when the lease is of a batch of this relay whose
+	// outcome could not be recorded, false when it is another relay's.
+	OwnBatch bool
+}
+
+// Health returns the relay's current RelayHealth. It is safe to call from
+// any goroutine, while Run runs or not; it does not block and does not
+// touch the database.
+func (r *Relay) Health() RelayHealth {
+	if h := r.health.Load(); h != nil {
+		return *h
+	}
+	return RelayHealth{RelayID: r.cfg.RelayID}
+}
+
+// publishHealth makes the owner's state what Relay.Health returns.
+func (o *bucketOwner) publishHealth() {
+	h := &RelayHealth{RelayID: o.r.cfg.RelayID, Buckets: len(o.owned), Unchecked: len(o.unchecked)}
+	for _, hd := range o.holds {
+		h.Held = append(h.Held, HeldAggregate{AggregateType: hd.aggregateType, AggregateID: hd.aggregateID,
+			Bucket: int(hd.bucket), Until: hd.until, OwnBatch: hd.own})
+	}
+	slices.SortFunc(h.Held, func(a, b HeldAggregate) int {
+		return cmp.Or(a.Until.Compare(b.Until), cmp.Compare(a.AggregateType, b.AggregateType), cmp.Compare(a.AggregateID, b.AggregateID))
+	})
+	o.r.health.Store(h)
 }

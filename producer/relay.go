@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,14 +46,18 @@ type RelayConfig struct {
 	// event by at most this much. Default 1s.
 	PollInterval time.Duration
 	// Lease is how long a claimed event stays reserved for this relay while
-	// it publishes; if the relay dies, the event is claimable again after
-	// it. Must exceed PublishTimeout. Default 30s.
+	// it publishes; the relay renews it every third of a lease while it
+	// waits for the broker. If the relay dies, the aggregates of the events
+	// it had claimed wait for the lease to end (the relay that takes their
+	// bucket over holds them until then, and logs so at WARN); its other
+	// aggregates are taken over at the next rebalance. Must exceed
+	// PublishTimeout. Default 5s.
 	Lease time.Duration
 	// PublishTimeout bounds the wait for one batch's acknowledgements.
-	// Records the client has not sent yet fail at the timeout; records
-	// already in flight are waited for, however long it takes, since the
-	// client cannot know whether they landed; the batch's lease is renewed
-	// meanwhile. Default 10s.
+	// Records the client has not sent yet fail at the timeout and are
+	// retried with backoff; records already in flight are waited for,
+	// however long it takes, since the client cannot know whether they
+	// landed; the batch's lease is renewed meanwhile. Default 2s.
 	PublishTimeout time.Duration
 	// MaxAttempts is how many permanent broker errors (record too large,
 	// invalid topic, not authorised) an event may collect before it moves
@@ -71,9 +76,12 @@ type RelayConfig struct {
 	// host name, process id and a random suffix.
 	RelayID string
 	// RebalanceInterval is how often the relay renews its heartbeat and
-	// rebalances buckets with the other instances. An instance that dies
-	// without a clean stop is noticed after three intervals. Give every
-	// instance of one schema the same value. Default 2s.
+	// rebalances buckets with the other instances. An instance whose
+	// process dies is noticed at the others' next rebalance, once the
+	// server ended its session; one whose host vanished (its session
+	// lingers until the server's TCP keepalive gives up) after three
+	// intervals without a heartbeat. Give every instance of one schema the
+	// same value. Default 2s.
 	RebalanceInterval time.Duration
 	// Retention is how long delivered events are kept before they are
 	// pruned; negative disables pruning. Default 7 days.
@@ -107,6 +115,8 @@ type Relay struct {
 	retry  backoff.Policy
 	// lockKey namespaces the bucket locks by schema.
 	lockKey int32
+	// health is what Health returns; the goroutine running Run stores it.
+	health atomic.Pointer[RelayHealth]
 }
 
 // NewRelay validates cfg (nil means defaults) and returns a Relay that
@@ -140,8 +150,8 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 	}
 	setDefault(&c.BatchSize, 1000)
 	setDefault(&c.PollInterval, time.Second)
-	setDefault(&c.Lease, 30*time.Second)
-	setDefault(&c.PublishTimeout, 10*time.Second)
+	setDefault(&c.Lease, 5*time.Second)
+	setDefault(&c.PublishTimeout, 2*time.Second)
 	setDefault(&c.MaxAttempts, 10)
 	setDefault(&c.MinBackoff, 100*time.Millisecond)
 	setDefault(&c.MaxBackoff, time.Minute)
@@ -256,9 +266,17 @@ func (r *Relay) Run(ctx context.Context) error {
 			nextRebalance = now.Add(r.cfg.RebalanceInterval)
 		}
 
+		// Holds that ended are looked up again before the claim, so that an
+		// aggregate whose lease ended goes out with this batch.
+		if owner.holdsDue() {
+			if err := owner.refreshHolds(ctx, inFlight.aggregates()); err != nil {
+				r.logError(ctx, "relay: look up leased aggregates, will retry", err)
+			}
+		}
+
 		// The claim is not cancelled with ctx: a claim cut off after the
 		// server leased its rows would leave them to wait out the lease
-		// (and fence their buckets for the next owner) unpublished. Once
+		// (and hold their aggregates for the next owner) unpublished. Once
 		// claimed, a batch is published and marked; Run returns after.
 		claimStart := time.Now()
 		claimCtx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Lease)
@@ -323,7 +341,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		r.sleep(ctx, wake, min(r.cfg.PollInterval, time.Until(nextRebalance)))
+		nap := min(r.cfg.PollInterval, time.Until(nextRebalance))
+		if end := owner.nextHoldEnd(); !end.IsZero() {
+			nap = min(nap, time.Until(end))
+		}
+		r.sleep(ctx, wake, nap)
 		if err := owner.refreshIdle(ctx); err != nil {
 			r.logError(ctx, "relay: refresh idle flag", err)
 		}
@@ -429,13 +451,12 @@ func (r *Relay) launch(ctx context.Context, batch []*claimedEvent) *flight {
 }
 
 // land waits for the flight to end. If its outcome could not be recorded,
-// its rows keep their lease and nothing says which failed, so their
-// aggregates' later events must not go out before them: the relay claims
-// nothing until the lease ends; then they come first, in order, and the
-// acknowledged ones go out a second time, which at-least-once allows.
-func (r *Relay) land(_ context.Context, owner *bucketOwner, f *flight) {
+// the flight's aggregates are held until its lease ends (see holdBatch).
+// The bound is local time, Lease from now: the lease it waits out was set
+// or renewed by the server before now, so it ends before that.
+func (r *Relay) land(ctx context.Context, owner *bucketOwner, f *flight) {
 	if <-f.unrecorded {
-		owner.fenceAll(time.Now().Add(r.cfg.Lease))
+		owner.holdBatch(ctx, f.batch, time.Now().Add(r.cfg.Lease))
 	}
 }
 

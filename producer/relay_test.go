@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -383,6 +385,162 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 			require.Equal(t, []int64{1, 2}, publishOrder(t, b, "k"))
 		})
 	}
+
+	t.Run("LockedEarlierRowHoldsBackItsAggregate", func(t *testing.T) {
+		t.Parallel()
+		// Another session holds the row lock on seq 1 of k, as a zombie
+		// relay still inside its settle transaction does after its lease
+		// lapsed: the claim skips the locked row, and must not claim seq 2
+		// behind it, while other aggregates flow.
+		b := newBundle(t, 1)
+		written := b.write(t, b.event("k"), b.event("k"), b.event("other"))
+		lock, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer lock.Rollback(ctx)
+		_, err = lock.Exec(ctx, `SELECT 1 FROM `+b.db.Table("events")+` WHERE id = $1 FOR UPDATE`, written[0].ID)
+		require.NoError(t, err)
+
+		b.startRelay(t, &producer.RelayConfig{PollInterval: 10 * time.Millisecond})
+		// other's row and k's seq 2 are candidates of the same claims; had
+		// one of them claimed seq 2, it would be marked with other's row.
+		delivered := func(id int64) bool {
+			var done bool
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT published_at IS NOT NULL FROM `+b.db.Table("events")+` WHERE id = $1`, id).Scan(&done))
+			return done
+		}
+		claimed := func(id int64) bool {
+			var done bool
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT published_at IS NOT NULL OR leased_until IS NOT NULL FROM `+b.db.Table("events")+` WHERE id = $1`, id).Scan(&done))
+			return done
+		}
+		waitFor(t, 30*time.Second, "the other aggregate delivered", func() bool { return delivered(written[2].ID) })
+		require.False(t, claimed(written[1].ID), "seq 2 was claimed while seq 1 was locked")
+		// A later write of the held aggregate waits too; one of another
+		// aggregate does not.
+		later := b.write(t, b.event("k"), b.event("third"))
+		waitFor(t, 30*time.Second, "the third aggregate delivered", func() bool { return delivered(later[1].ID) })
+		require.False(t, claimed(written[1].ID), "seq 2 was claimed while seq 1 was locked")
+		require.False(t, claimed(later[0].ID), "seq 3 was claimed while seq 1 was locked")
+
+		require.NoError(t, lock.Rollback(ctx))
+		b.waitDelivered(t, 30*time.Second)
+		require.Equal(t, []int64{1, 2, 3}, publishOrder(t, b, "k"))
+		require.Len(t, checkOrder(t, b.broker.Records(t, b.topic, 5, 30*time.Second)), 5)
+	})
+
+	t.Run("LeaseOfAPreviousOwnerHoldsOnlyItsAggregates", func(t *testing.T) {
+		t.Parallel()
+		// Seq 1 of k is leased for two more seconds, as a relay that died
+		// mid-batch leaves it. The relay that takes the bucket holds k
+		// until the lease ends, and publishes the bucket's other aggregate
+		// at once.
+		b := newBundle(t, 1)
+		var neighbour string
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT 'n-' || g FROM generate_series(1, 10000) g
+WHERE hashtext('account:n-' || g) % 64 = hashtext('account:k') % 64 LIMIT 1`).Scan(&neighbour))
+		written := b.write(t, b.event("k"), b.event("k"), b.event(neighbour))
+		var leasedUntil time.Time
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `UPDATE `+b.db.Table("events")+` SET leased_until = now() + interval '2 seconds'
+WHERE id = $1 RETURNING leased_until`, written[0].ID).Scan(&leasedUntil))
+
+		relay := b.startRelayWith(t, &producer.RelayConfig{PollInterval: 10 * time.Millisecond})
+		waitFor(t, 30*time.Second, "the neighbour delivered", func() bool {
+			var done bool
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT published_at IS NOT NULL FROM `+b.db.Table("events")+` WHERE id = $1`, written[2].ID).Scan(&done))
+			return done
+		})
+		require.True(t, time.Now().Before(leasedUntil), "the neighbour waited for the lease")
+		require.Equal(t, 2, b.undelivered(t), "k waits for its lease")
+		h := relay.Health()
+		require.Equal(t, 64, h.Buckets)
+		require.Len(t, h.Held, 1, "%+v", h)
+		require.Equal(t, "k", h.Held[0].AggregateID)
+		require.False(t, h.Held[0].OwnBatch)
+		require.WithinDuration(t, leasedUntil, h.Held[0].Until, time.Second)
+
+		b.waitDelivered(t, 30*time.Second)
+		require.Equal(t, []int64{1, 2}, publishOrder(t, b, "k"))
+		waitFor(t, 10*time.Second, "the hold gone from health", func() bool { return len(relay.Health().Held) == 0 })
+	})
+
+	t.Run("LeasedEarlierRowHoldsBackItsAggregateInTheClaim", func(t *testing.T) {
+		t.Parallel()
+		// The claim on its own, with no hold: a lease the relay does not
+		// know of (renewed by a relay that lost the bucket, after the new
+		// owner looked) must still keep seq 2 back.
+		b := newBundle(t, 1)
+		written := b.write(t, b.event("k"), b.event("k"), b.event("other"))
+		_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("events")+` SET leased_until = now() + interval '1 hour' WHERE id = $1`, written[0].ID)
+		require.NoError(t, err)
+		buckets := make([]int32, 64)
+		for i := range buckets {
+			buckets[i] = int32(i)
+		}
+		rows, err := b.db.Pool.Query(ctx, producer.ClaimSQL(b.db.Schema), buckets, 10, 30_000, []int32{})
+		require.NoError(t, err)
+		var claimed []int64
+		for rows.Next() {
+			v, err := rows.Values()
+			require.NoError(t, err)
+			claimed = append(claimed, v[0].(int64))
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, []int64{written[2].ID}, claimed, "only the other aggregate is claimed")
+	})
+
+	t.Run("RelayWhoseSessionEndedIsNotCountedLive", func(t *testing.T) {
+		t.Parallel()
+		// Two rows with fresh heartbeats: one whose lock session still
+		// exists, one whose session is gone, as a relay killed a moment ago
+		// leaves. The first counts, the second does not: the new relay
+		// takes half the buckets, not a third.
+		b := newBundle(t, 1)
+		alive, err := b.db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer alive.Release()
+		_, err = b.db.Pool.Exec(ctx, `INSERT INTO `+b.db.Table("relays")+` (relay_id, heartbeat_at, session_pid)
+VALUES ('alive', now() + interval '1 hour', $1), ('dead', now() + interval '1 hour', 2147483647)`, alive.Conn().PgConn().PID())
+		require.NoError(t, err)
+		relay := b.startRelayWith(t, &producer.RelayConfig{RebalanceInterval: 50 * time.Millisecond})
+		waitFor(t, 30*time.Second, "the relay to take its buckets", func() bool { return relay.Health().Buckets > 0 })
+		require.Equal(t, 32, relay.Health().Buckets)
+	})
+
+	t.Run("PublishesSequencesPastInt32", func(t *testing.T) {
+		t.Parallel()
+		b := newBundle(t, 2)
+		seqs := []int64{1 << 31, 1 << 53, math.MaxInt64}
+		for _, s := range seqs {
+			_, err := b.db.Pool.Exec(ctx, `INSERT INTO `+b.db.Table("sequences")+` (aggregate_type, aggregate_id, last_seq) VALUES ('account', $1, $2)`, strconv.FormatInt(s, 10), s-2)
+			require.NoError(t, err)
+		}
+		var events []producer.Event
+		for _, s := range seqs {
+			events = append(events, b.event(strconv.FormatInt(s, 10)), b.event(strconv.FormatInt(s, 10)))
+		}
+		b.write(t, events...)
+		b.startRelay(t, nil)
+		b.waitDelivered(t, 30*time.Second)
+		got := map[string][]string{}
+		for _, r := range b.broker.Records(t, b.topic, 6, 30*time.Second) {
+			seq, _ := header(r, outbox.HeaderAggregateSeq)
+			got[string(r.Key)] = append(got[string(r.Key)], seq)
+		}
+		for _, s := range seqs {
+			agg := strconv.FormatInt(s, 10)
+			require.Equal(t, []string{strconv.FormatInt(s-1, 10), agg}, got[agg], "aggregate %s", agg)
+		}
+	})
+
+	t.Run("RebalanceIntervalPastInt32Milliseconds", func(t *testing.T) {
+		t.Parallel()
+		// Three intervals of ten days are 2,592,000,000 ms, past an int4:
+		// the heartbeat's parameter must be a bigint.
+		b := newBundle(t, 1)
+		b.write(t, b.event("a"))
+		b.startRelay(t, &producer.RelayConfig{RebalanceInterval: 240 * time.Hour})
+		b.waitDelivered(t, 30*time.Second)
+	})
 
 	t.Run("StaleRetryingEntryHoldsNothingBack", func(t *testing.T) {
 		t.Parallel()

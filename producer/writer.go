@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/d419a114/outbox"
 )
@@ -155,7 +157,9 @@ RETURNING id, aggregate_seq{wake}`
 // transaction short after Write. A missed wake-up delays the events by at
 // most the relay's PollInterval; it never loses them.
 //
-// Invalid input is refused with a *ValidationError before anything is sent
+// Invalid input (see ValidationError; the aggregate type, aggregate id and
+// idempotency key are bounded by outbox.MaxAggregateTypeBytes and the
+// others) is refused with a *ValidationError before anything is sent
 // to the database. A nil tx returns ErrNoTx; a finished one returns an error
 // wrapping pgx.ErrTxClosed.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
@@ -244,7 +248,7 @@ func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) 
 		err = tx.QueryRow(ctx, w.insertOne, args...).Scan(&wr.ID, &wr.Seq)
 	}
 	if err != nil {
-		return nil, wakeAnswer{}, writeErr(err)
+		return nil, wakeAnswer{}, writeErr(err, []Event{*e})
 	}
 	return []Written{wr}, wake, nil
 }
@@ -283,7 +287,7 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 	}
 	rows, err := tx.Query(ctx, sql, eventIDs, keys, aggTypes, aggIDs, eventTypes, topics, contentTypes, payloads, headers)
 	if err != nil {
-		return nil, wakeAnswer{}, writeErr(err)
+		return nil, wakeAnswer{}, writeErr(err, events)
 	}
 	out := make([]Written, n)
 	var (
@@ -304,7 +308,7 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 		got++
 	}
 	if err := rows.Err(); err != nil {
-		return nil, wakeAnswer{}, writeErr(err)
+		return nil, wakeAnswer{}, writeErr(err, events)
 	}
 	if got != n {
 		return nil, wakeAnswer{}, fmt.Errorf("producer: insert events: %d of %d rows came back", got, n)
@@ -312,7 +316,41 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 	return out, wake, nil
 }
 
-func writeErr(err error) error {
+// ErrSequenceExhausted is returned, wrapped, by Write when an aggregate's
+// sequence stands at the largest bigint (9223372036854775807, math.MaxInt64)
+// and so has no number for the aggregate's next event. The statement failed
+// and aborted the transaction: roll it back. No further event can be
+// written for that aggregate.
+var ErrSequenceExhausted = errors.New("producer: aggregate sequence exhausted")
+
+// sqlstateNumericValueOutOfRange is numeric_value_out_of_range.
+const sqlstateNumericValueOutOfRange = "22003"
+
+// writeErr explains an error of Write's statement. The statement's only
+// arithmetic is on sequences, so a value out of range (SQLSTATE 22003) is
+// a sequence that would pass the largest bigint.
+func writeErr(err error, events []Event) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstateNumericValueOutOfRange {
+		var aggs []string
+		seen := map[[2]string]bool{}
+		for i := range events {
+			k := [2]string{events[i].AggregateType, events[i].AggregateID}
+			if !seen[k] {
+				seen[k] = true
+				aggs = append(aggs, k[0]+"/"+k[1])
+			}
+		}
+		which := "aggregate " + aggs[0]
+		if len(aggs) > 1 {
+			which = "one of the aggregates " + strings.Join(aggs[:min(len(aggs), 5)], ", ")
+			if len(aggs) > 5 {
+				which += fmt.Sprintf(" and %d more", len(aggs)-5)
+			}
+		}
+		return fmt.Errorf("%w: %s would pass sequence %d, the largest bigint, and no further event can be written for it; roll the transaction back (%w)",
+			ErrSequenceExhausted, which, int64(math.MaxInt64), err)
+	}
 	if errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("producer: insert events: the transaction was already committed or rolled back: %w", err)
 	}

@@ -2,8 +2,11 @@ package producer_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
@@ -275,6 +279,12 @@ func TestWriter(t *testing.T) {
 			{"HeaderNameContentType", func(e *producer.Event) { e.Headers = map[string]string{"Content-Type": "x"} }, "Headers"},
 			{"HeaderValueNUL", func(e *producer.Event) { e.Headers = map[string]string{"traceparent": "a\x00b"} }, "Headers"},
 			{"AggregateIDNotUTF8", func(e *producer.Event) { e.AggregateID = "\xff" }, "AggregateID"},
+			{"AggregateTypeOverLimit", func(e *producer.Event) { e.AggregateType = strings.Repeat("t", outbox.MaxAggregateTypeBytes+1) }, "AggregateType"},
+			{"AggregateIDOverLimit", func(e *producer.Event) { e.AggregateID = strings.Repeat("i", outbox.MaxAggregateIDBytes+1) }, "AggregateID"},
+			// Too long for the sequences table's index entry, too: without
+			// the limit, the statement fails with SQLSTATE 54000.
+			{"AggregateIDOverIndexEntry", func(e *producer.Event) { e.AggregateID = incompressible(3000) }, "AggregateID"},
+			{"IdempotencyKeyOverLimit", func(e *producer.Event) { e.IdempotencyKey = strings.Repeat("k", outbox.MaxIdempotencyKeyBytes+1) }, "IdempotencyKey"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				tx, err := db.Pool.Begin(ctx)
@@ -290,8 +300,107 @@ func TestWriter(t *testing.T) {
 				require.True(t, strings.HasPrefix(err.Error(), "producer: event 1: "+tc.field), err.Error())
 				require.NoError(t, tx.Commit(ctx))
 				require.Equal(t, 0, count(t, db), "nothing is written when one event is refused")
+				var sequences int
+				require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("sequences")).Scan(&sequences))
+				require.Zero(t, sequences, "no sequence is bumped when one event is refused")
 			})
 		}
+	})
+
+	t.Run("SequencesPastInt32", func(t *testing.T) {
+		t.Parallel()
+		w, db := setup(t)
+		// An aggregate whose sequence already stands just below s, as a
+		// long-lived one's does after that many events.
+		from := func(agg string, last int64) {
+			_, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("sequences")+` (aggregate_type, aggregate_id, last_seq) VALUES ('order', $1, $2)`, agg, last)
+			require.NoError(t, err)
+		}
+		write := func(events ...producer.Event) ([]producer.Written, error) {
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			written, err := w.Write(ctx, tx, events...)
+			if err != nil {
+				return nil, err
+			}
+			return written, tx.Commit(ctx)
+		}
+		for _, s := range []int64{1 << 31, 1 << 53, math.MaxInt64} {
+			// One event, and two of one aggregate plus one of another in
+			// one call: the two statements Write uses.
+			single, multi := fmt.Sprintf("single-%d", s), fmt.Sprintf("multi-%d", s)
+			from(single, s-1)
+			from(multi, s-2)
+			got, err := write(event(single))
+			require.NoError(t, err, "seq %d", s)
+			require.Equal(t, s, got[0].Seq)
+			got, err = write(event(multi), event("fresh-"+multi), event(multi))
+			require.NoError(t, err, "seq %d", s)
+			require.Equal(t, []int64{s - 1, 1, s}, []int64{got[0].Seq, got[1].Seq, got[2].Seq})
+		}
+		var stored int64
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT aggregate_seq FROM `+db.Table("events")+` WHERE aggregate_id = $1`, fmt.Sprintf("single-%d", int64(math.MaxInt64))).Scan(&stored))
+		require.Equal(t, int64(math.MaxInt64), stored)
+
+		// Past the largest bigint there is no next sequence: a clear error,
+		// and nothing written.
+		before := count(t, db)
+		for _, events := range [][]producer.Event{
+			{event(fmt.Sprintf("single-%d", int64(math.MaxInt64)))},
+			{event("another"), event(fmt.Sprintf("multi-%d", int64(math.MaxInt64)))},
+		} {
+			_, err := write(events...)
+			require.ErrorIs(t, err, producer.ErrSequenceExhausted)
+			require.ErrorContains(t, err, "9223372036854775807")
+		}
+		_, err := write(event(fmt.Sprintf("single-%d", int64(math.MaxInt64))))
+		require.ErrorContains(t, err, "aggregate order/single-9223372036854775807")
+		require.Equal(t, before, count(t, db))
+	})
+
+	t.Run("LengthLimitsAreInBytesAndNamed", func(t *testing.T) {
+		t.Parallel()
+		w, db := setup(t)
+		write := func(e producer.Event) error {
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			if _, err := w.Write(ctx, tx, e); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		}
+		// At their limits, in two-byte characters, the fields are written
+		// and stored whole.
+		atLimit := event("")
+		atLimit.AggregateType = strings.Repeat("é", outbox.MaxAggregateTypeBytes/2) + "t"
+		atLimit.AggregateID = strings.Repeat("é", outbox.MaxAggregateIDBytes/2)
+		atLimit.IdempotencyKey = strings.Repeat("é", outbox.MaxIdempotencyKeyBytes/2)
+		require.NoError(t, write(atLimit))
+		var aggType, aggID, key string
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT aggregate_type, aggregate_id, idempotency_key FROM `+db.Table("events")).Scan(&aggType, &aggID, &key))
+		require.Equal(t, []string{atLimit.AggregateType, atLimit.AggregateID, atLimit.IdempotencyKey}, []string{aggType, aggID, key})
+
+		// One byte more is refused, with a message that names the field,
+		// its length and the limit's constant.
+		for _, tc := range []struct {
+			edit func(e *producer.Event)
+			msg  string
+		}{
+			{func(e *producer.Event) { e.AggregateType += "x" }, "producer: event 0: AggregateType is 256 bytes; the limit is outbox.MaxAggregateTypeBytes (255)"},
+			{func(e *producer.Event) { e.AggregateID += "x" }, "producer: event 0: AggregateID is 1025 bytes; the limit is outbox.MaxAggregateIDBytes (1024)"},
+			{func(e *producer.Event) { e.AggregateID = incompressible(3000) }, "producer: event 0: AggregateID is 3000 bytes; the limit is outbox.MaxAggregateIDBytes (1024)"},
+			{func(e *producer.Event) { e.IdempotencyKey += "x" }, "producer: event 0: IdempotencyKey is 1025 bytes; the limit is outbox.MaxIdempotencyKeyBytes (1024)"},
+		} {
+			over := atLimit
+			tc.edit(&over)
+			err := write(over)
+			var verr *producer.ValidationError
+			require.ErrorAs(t, err, &verr)
+			require.EqualError(t, err, tc.msg)
+		}
+		require.Equal(t, 1, count(t, db))
 	})
 
 	// A finished pool transaction's connection is back in the pool and may
@@ -341,4 +450,12 @@ func TestWriter(t *testing.T) {
 		require.True(t, errors.Is(err, pgx.ErrTxClosed), err)
 		require.Equal(t, 0, count(t, db))
 	})
+}
+
+// incompressible returns n bytes of random lowercase hex, which PostgreSQL
+// cannot compress below the size of an index entry.
+func incompressible(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
 }
