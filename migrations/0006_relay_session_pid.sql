@@ -14,11 +14,6 @@
 -- without a pid (a relay built before this migration) is judged by its
 -- heartbeat alone, as before.
 --
--- Upgrading: relays built after this migration write the column and need
--- it: until it runs, their heartbeat fails (they log the error and retry,
--- taking no bucket and publishing nothing), so run outbox.Migrate when the
--- new version starts or migrate first. Relays built before it keep working
--- after it. Adding a nullable column without a default only takes a brief
--- lock on the small relays table.
+-- What this means for relays already running: docs/upgrading.md.
 
 ALTER TABLE relays ADD COLUMN IF NOT EXISTS session_pid integer;
