@@ -27,6 +27,14 @@
 // recorded in one short transaction. Database or broker outages are logged
 // and retried with backoff; Run returns only when its context ends.
 //
+// A relay that dies (or loses its database session) leaves its claimed
+// rows leased for up to RelayConfig.Lease. The relay that takes their
+// buckets over claims the rest of those buckets at once and holds the
+// aggregates of the leased rows until the leases end, so that their later
+// events never go out first; it logs the hold at WARN and Relay.Health
+// lists it. A claim also holds back an aggregate behind an earlier row it
+// cannot lock or that is leased.
+//
 // Sequence numbers are allocated in the writer's transaction under a row
 // lock on the aggregate's sequences row, so a second writer of the same
 // aggregate waits until the first commits or rolls back: sequence order is

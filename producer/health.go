@@ -16,6 +16,9 @@ import (
 // on Undelivered: a large backlog that drains fast is healthy, and a single
 // event stuck for an hour is not. Age rising while the broker's lag is flat
 // points at the relay; both rising points at the broker or the consumers.
+// Age rising for a few seconds after a relay died is its successor waiting
+// for the dead relay's leases: Relay.Health says which aggregates and until
+// when.
 type Health struct {
 	// Undelivered counts events not yet acknowledged by the broker.
 	Undelivered int64
