@@ -245,7 +245,7 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 			}
 		}
 		b.Queue(r.sql.recordFailures, ids, perm, msgs, delays, lease)
-		b.Queue(r.sql.moveDead, ids, int32(r.cfg.MaxAttempts), r.cfg.OnDead == HoldAggregate).Query(func(rows pgx.Rows) error {
+		b.Queue(r.sql.moveDead, ids, int32(r.cfg.MaxAttempts), r.cfg.OnDead == HoldAggregate).Query(func(rows pgx.Rows) error { //nolint:gosec // NewRelay keeps MaxAttempts within int32
 			var err error
 			deadRows, err = pgx.CollectRows(rows, pgx.RowToStructByPos[deadMove])
 			return err

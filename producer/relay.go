@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"sync/atomic"
 	"time"
@@ -166,6 +167,9 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 		if d.v < 0 {
 			return nil, fmt.Errorf("producer: %s is negative (%s); leave it zero for the default", d.name, d.v)
 		}
+	}
+	if c.MaxAttempts > math.MaxInt32 {
+		return nil, fmt.Errorf("producer: MaxAttempts (%d) is above %d, the attempts column's range", c.MaxAttempts, math.MaxInt32)
 	}
 	if c.BatchSize < 0 || c.MaxAttempts < 0 {
 		return nil, fmt.Errorf("producer: BatchSize (%d) and MaxAttempts (%d) must not be negative; leave them zero for the defaults", c.BatchSize, c.MaxAttempts)
