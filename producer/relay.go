@@ -369,9 +369,9 @@ const idleSettle = 2 * wakeQuietFor
 // work every busyPoll before it calls itself idle. Going idle asks writers
 // to notify, and a relay that went idle after every few events would
 // update its flag twice per flip, each a commit of its own, with every
-// writer's commit sending a NOTIFY in between; with one writer connection
-// and the relay on the same two cores, that cost the writer about half its
-// commits/s (BenchmarkWrite, write+running-relay). Lingering costs an empty
+// writer's commit sending a NOTIFY in between, which costs the writers
+// throughput (BenchmarkWrite, write+running-relay; docs/performance.md).
+// Lingering costs an empty
 // claim every busyPoll (or as long as the last claim took, if longer) for
 // busyLinger after traffic stops, and up to busyPoll of latency for the
 // events that arrive meanwhile.

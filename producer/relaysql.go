@@ -68,9 +68,8 @@ func newRelaySQL(schema string) relaySQL {
 // which holds its aggregate back as above. The UPDATE finds the ready rows
 // by id through an array, an index scan per partition: joined to the CTE
 // instead, misjudged row counts made the planner hash the whole partitioned
-// table. (BenchmarkClaim, with the locking scan it replaced copied in for
-// the same run: on the plain table this claim took 6-9% longer, on the
-// partitioned one 2-5% less.)
+// table. BenchmarkClaim times this claim against a bare SKIP LOCKED claim;
+// docs/performance.md has the figures.
 //
 // $4 lists the bucket hashes of the aggregates the claim leaves out (a
 // hashed subplan, whatever its size): those of the batch still in flight,
