@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 //go:embed migrations/*.sql
@@ -137,16 +139,16 @@ func Migrate(ctx context.Context, db DB, cfg *MigrateConfig) ([]int, error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, migrateLockClass, schema); err != nil {
 		return nil, fmt.Errorf("migrate: take advisory lock: %w", err)
 	}
-	setup := `CREATE SCHEMA IF NOT EXISTS ` + quoted + `;
-CREATE TABLE IF NOT EXISTS ` + quoted + `.schema_versions (
+	setup := tables.Fill(`CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.schema_versions (
     version    integer     PRIMARY KEY,
     name       text        NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
-)`
+)`, schema)
 	if _, err := tx.Exec(ctx, setup); err != nil {
 		return nil, fmt.Errorf("migrate: create schema %s: %w", quoted, err)
 	}
-	rows, err := tx.Query(ctx, `SELECT version, name FROM `+quoted+`.schema_versions`)
+	rows, err := tx.Query(ctx, tables.Fill(`SELECT version, name FROM {schema}.schema_versions`, schema))
 	if err != nil {
 		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
 	}
@@ -189,7 +191,7 @@ CREATE TABLE IF NOT EXISTS ` + quoted + `.schema_versions (
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
 			return nil, fmt.Errorf("migrate: apply %s: %w", m.Name, err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+quoted+`.schema_versions (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+		if _, err := tx.Exec(ctx, tables.Fill(`INSERT INTO {schema}.schema_versions (version, name) VALUES ($1, $2)`, schema), m.Version, m.Name); err != nil {
 			return nil, fmt.Errorf("migrate: record %s: %w", m.Name, err)
 		}
 		done = append(done, m.Version)

@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // DB is what the package's stand-alone functions need from a database
@@ -117,7 +117,7 @@ func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
 	var res PruneResult
 	var partitioned bool
 	err := db.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)`,
-		pgx.Identifier{c.Schema, "events"}.Sanitize()).Scan(&partitioned)
+		qualify("{schema}.events", c.Schema)).Scan(&partitioned)
 	if err != nil {
 		return res, fmt.Errorf("producer: prune: find events table in schema %q (did Migrate run?): %w", c.Schema, err)
 	}
@@ -136,7 +136,7 @@ func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
 	if _, err := db.Exec(ctx, qualify(forgetStaleRetryingSQL, c.Schema)); err != nil {
 		return res, fmt.Errorf("producer: prune: forget stale retrying events: %w", err)
 	}
-	stmt := qualify(strings.ReplaceAll(pruneChunkSQL, "{table}", table), c.Schema)
+	stmt := tables.Fill(pruneChunkSQL, c.Schema, "{table}", pgx.Identifier{table}.Sanitize())
 	from := int64(math.MinInt64)
 	for {
 		var (

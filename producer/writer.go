@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // DefaultMaxPayloadBytes is the payload limit unless WriterConfig says
@@ -55,10 +56,9 @@ func NewWriter(cfg *WriterConfig) *Writer {
 	if maxPayload <= 0 {
 		maxPayload = DefaultMaxPayloadBytes
 	}
-	wake := qualify(wakeColumnsSQL, schema)
-	wake = strings.ReplaceAll(wake, "{channel}", wakeChannel(schema))
+	wake := tables.Fill(wakeColumnsSQL, schema, "{channel}", wakeChannel(schema))
 	build := func(sql, wakeColumn string) string {
-		return strings.ReplaceAll(qualify(sql, schema), "{wake}", wakeColumn)
+		return tables.Fill(sql, schema, "{wake}", wakeColumn)
 	}
 	return &Writer{
 		maxPayload:     maxPayload,
@@ -357,8 +357,5 @@ func writeErr(err error, events []Event) error {
 	return fmt.Errorf("producer: insert events: %w", err)
 }
 
-// qualify puts the quoted schema where sql says {schema}. The schema is
-// configuration, quoted by pgx.Identifier; no other input reaches SQL text.
-func qualify(sql, schema string) string {
-	return strings.ReplaceAll(sql, "{schema}", pgx.Identifier{schema}.Sanitize())
-}
+// qualify puts the quoted schema where sql says {schema} (tables.Fill).
+func qualify(sql, schema string) string { return tables.Fill(sql, schema) }

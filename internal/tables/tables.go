@@ -1,6 +1,7 @@
 package tables
 
 import (
+	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -18,10 +19,21 @@ type Consumer struct {
 	HotPath     HotPath
 }
 
+// Fill is how every statement of the SDK gets its schema: it writes
+// schema, quoted, for each {schema} in sql, and each further pair of more (a
+// placeholder such as "{table}", then its text) likewise. The schema is
+// configuration, quoted by pgx.Identifier; no other input reaches SQL text.
+func Fill(sql, schema string, more ...string) string {
+	return strings.NewReplacer(append([]string{placeholder, pgx.Identifier{schema}.Sanitize()}, more...)...).Replace(sql)
+}
+
+// Placeholder matches a placeholder Fill was not given, for the tests that
+// make sure none survives.
+var Placeholder = regexp.MustCompile(`\{[a-z_]+\}`)
+
 // For returns the statements with schema written in, quoted.
 func For(schema string) *Consumer {
-	r := strings.NewReplacer(placeholder, pgx.Identifier{schema}.Sanitize())
-	q := r.Replace
+	q := func(sql string) string { return Fill(sql, schema) }
 	return &Consumer{
 		Keys:        keys(q),
 		Positions:   positions(q),

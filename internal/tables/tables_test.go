@@ -3,7 +3,6 @@ package tables_test
 import (
 	"context"
 	"reflect"
-	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -25,8 +24,6 @@ func statements(c *tables.Consumer) map[string]string {
 	return out
 }
 
-var placeholder = regexp.MustCompile(`\{[a-z_]+\}`)
-
 // TestNoPlaceholderSurvives: For writes the schema, quoted, into every
 // statement, and leaves no placeholder behind.
 func TestNoPlaceholderSurvives(t *testing.T) {
@@ -35,7 +32,7 @@ func TestNoPlaceholderSurvives(t *testing.T) {
 	require.NotEmpty(t, all)
 	for name, sql := range all {
 		require.NotEmpty(t, sql, name)
-		require.NotRegexp(t, placeholder, sql, name)
+		require.NotRegexp(t, tables.Placeholder, sql, name)
 		require.Contains(t, sql, `"Odd ""Schema""".`, name)
 	}
 }
