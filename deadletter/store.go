@@ -222,39 +222,54 @@ func filter(v string) *string {
 	return &v
 }
 
+// row is a dead_letters row as tables.DeadLetterColumns reads it, scanned
+// by column name.
+type row struct {
+	ID             int64      `db:"id"`
+	Consumer       string     `db:"consumer"`
+	Topic          string     `db:"topic"`
+	Partition      int32      `db:"kafka_partition"`
+	Offset         int64      `db:"kafka_offset"`
+	Key            []byte     `db:"record_key"`
+	Value          []byte     `db:"value"`
+	HeaderKeys     []string   `db:"header_keys"`
+	HeaderValues   [][]byte   `db:"header_values"`
+	RecordTime     *time.Time `db:"record_time"`
+	IdempotencyKey *string    `db:"idempotency_key"`
+	AggregateType  *string    `db:"aggregate_type"`
+	AggregateID    *string    `db:"aggregate_id"`
+	Seq            *int64     `db:"aggregate_seq"`
+	Error          string     `db:"error"`
+	Stack          *string    `db:"stack"`
+	Attempts       int        `db:"attempts"`
+	FirstFailedAt  time.Time  `db:"first_failed_at"`
+	LastFailedAt   time.Time  `db:"last_failed_at"`
+	Status         Status     `db:"status"`
+	ResolvedAt     *time.Time `db:"resolved_at"`
+}
+
 func collect(rows pgx.Rows) ([]*Letter, error) {
-	defer rows.Close()
-	var out []*Letter
-	for rows.Next() {
-		var (
-			l                       = Letter{Record: &kgo.Record{}}
-			keys                    []string
-			values                  [][]byte
-			recTime                 *time.Time
-			ikey, atype, aid, stack *string
-			seq                     *int64
-			status                  string
-		)
-		if err := rows.Scan(&l.ID, &l.Consumer, &l.Record.Topic, &l.Record.Partition, &l.Record.Offset, &l.Record.Key,
-			&l.Record.Value, &keys, &values, &recTime, &ikey, &atype, &aid, &seq, &l.Error, &stack, &l.Attempts,
-			&l.FirstFailedAt, &l.LastFailedAt, &status, &l.ResolvedAt); err != nil {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Letter, error) {
+		d, err := pgx.RowToStructByName[row](r)
+		if err != nil {
 			return nil, err
 		}
-		l.Record.Headers = recordsql.Join(keys, values)
-		if recTime != nil {
-			l.Record.Timestamp = *recTime
+		l := &Letter{
+			ID: d.ID, Consumer: d.Consumer,
+			Record: &kgo.Record{Topic: d.Topic, Partition: d.Partition, Offset: d.Offset, Key: d.Key, Value: d.Value,
+				Headers: recordsql.Join(d.HeaderKeys, d.HeaderValues)},
+			IdempotencyKey: deref(d.IdempotencyKey), AggregateType: deref(d.AggregateType), AggregateID: deref(d.AggregateID),
+			Error: d.Error, Stack: deref(d.Stack), Attempts: d.Attempts,
+			FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt, Status: d.Status, ResolvedAt: d.ResolvedAt,
 		}
-		l.IdempotencyKey = deref(ikey)
-		l.AggregateType = deref(atype)
-		l.AggregateID = deref(aid)
-		l.Stack = deref(stack)
-		if seq != nil {
-			l.Seq = *seq
+		if d.RecordTime != nil {
+			l.Record.Timestamp = *d.RecordTime
 		}
-		l.Status = Status(status)
-		out = append(out, &l)
-	}
-	return out, rows.Err()
+		if d.Seq != nil {
+			l.Seq = *d.Seq
+		}
+		return l, nil
+	})
 }
 
 func nullString(s string) *string {

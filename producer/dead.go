@@ -11,84 +11,132 @@ import (
 	"github.com/d419a114/outbox"
 )
 
+// Status is what became of a dead event.
+type Status string
+
+const (
+	// StatusDead is an event waiting for an operator. When its Hold is set,
+	// its aggregate's later events wait behind it.
+	StatusDead Status = "dead"
+	// StatusReplayed is an event put back into the outbox by Replay.
+	StatusReplayed Status = "replayed"
+	// StatusDiscarded is an event given up on by Discard.
+	StatusDiscarded Status = "discarded"
+)
+
 // DeadEvent is an event the relay gave up on.
 type DeadEvent struct {
-	ID             int64
-	EventID        string
-	IdempotencyKey string
-	AggregateType  string
-	AggregateID    string
-	Seq            int64
-	EventType      string
-	Topic          *string
-	ContentType    *string
-	Payload        []byte
-	Headers        map[string]string
-	CreatedAt      time.Time
+	ID             int64             `db:"id"`
+	EventID        string            `db:"event_id"`
+	IdempotencyKey string            `db:"idempotency_key"`
+	AggregateType  string            `db:"aggregate_type"`
+	AggregateID    string            `db:"aggregate_id"`
+	Seq            int64             `db:"aggregate_seq"`
+	EventType      string            `db:"event_type"`
+	Topic          *string           `db:"topic"`
+	ContentType    *string           `db:"content_type"`
+	Payload        []byte            `db:"payload"`
+	Headers        map[string]string `db:"headers"`
+	CreatedAt      time.Time         `db:"created_at"`
 	// Attempts counts every failed publish.
-	Attempts int
+	Attempts int `db:"attempts"`
 	// LastError is the broker's last answer.
-	LastError string
+	LastError string `db:"last_error"`
 	// Hold reports whether the aggregate's later events wait for this one.
-	Hold bool
-	// Status is "dead", "replayed" or "discarded".
-	Status     string
-	DiedAt     time.Time
-	ResolvedAt *time.Time
+	Hold       bool       `db:"hold"`
+	Status     Status     `db:"status"`
+	DiedAt     time.Time  `db:"died_at"`
+	ResolvedAt *time.Time `db:"resolved_at"`
 }
 
 // ErrNotDead is returned by Replay and Discard when the id names no event
 // in status dead (unknown, or already replayed or discarded).
 var ErrNotDead = errors.New("producer: no dead event with that id")
 
-// DeadEvents lists and resolves the dead events of one schema.
-type DeadEvents struct {
-	db     DB
-	schema string
+// DeadEventsConfig tunes DeadEvents. The zero value is valid.
+type DeadEventsConfig struct {
+	// Schema holds the outbox tables. Default outbox.DefaultSchema.
+	Schema string
 }
 
-// NewDeadEvents returns the dead events of schema ("" means
-// outbox.DefaultSchema) in db.
-func NewDeadEvents(db DB, schema string) *DeadEvents {
-	if schema == "" {
-		schema = outbox.DefaultSchema
+// DeadEvents lists and resolves the dead events of one schema, in the
+// database handle each call is given, as deadletter.Store does for the
+// consumer's dead letters.
+type DeadEvents struct {
+	list, replay, discard string
+}
+
+// NewDeadEvents returns the dead events of cfg's schema (nil means the
+// defaults).
+func NewDeadEvents(cfg *DeadEventsConfig) *DeadEvents {
+	schema := outbox.DefaultSchema
+	if cfg != nil && cfg.Schema != "" {
+		schema = cfg.Schema
 	}
-	return &DeadEvents{db: db, schema: schema}
+	return &DeadEvents{
+		list: qualify(`
+SELECT id, event_id::text AS event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type,
+       topic, content_type, payload, headers, created_at, attempts, last_error, hold, status,
+       died_at, resolved_at
+FROM {schema}.dead_events
+WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR aggregate_type = $2) AND ($3::text IS NULL OR aggregate_id = $3)
+  AND id > $4
+ORDER BY id
+LIMIT $5`, schema),
+		replay: qualify(`
+WITH revived AS (
+    UPDATE {schema}.dead_events SET status = 'replayed', resolved_at = now()
+    WHERE id = $1 AND status = 'dead'
+    RETURNING *
+)
+INSERT INTO {schema}.events (id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
+                             event_type, topic, content_type, payload, headers, created_at)
+OVERRIDING SYSTEM VALUE
+SELECT id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
+       event_type, topic, content_type, payload, headers, created_at
+FROM revived`, schema),
+		discard: qualify(`
+UPDATE {schema}.dead_events SET status = 'discarded', resolved_at = now()
+WHERE id = $1 AND status = 'dead'`, schema),
+	}
 }
 
 // ListOpts filters List. Zero fields do not filter.
 type ListOpts struct {
-	// Status is "dead", "replayed" or "discarded".
-	Status        string
+	Status        Status
 	AggregateType string
 	AggregateID   string
+	// AfterID pages: only events with a larger id.
+	AfterID int64
 	// Limit caps the result. Default 100.
 	Limit int
 }
 
 // List returns dead events in id order.
-func (d *DeadEvents) List(ctx context.Context, opts *ListOpts) ([]DeadEvent, error) {
+func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]DeadEvent, error) {
 	o := ListOpts{}
 	if opts != nil {
 		o = *opts
 	}
 	setDefault(&o.Limit, 100)
-	rows, err := d.db.Query(ctx, qualify(`
-SELECT id, event_id::text, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type,
-       topic, content_type, payload, headers, created_at, attempts, last_error, hold, status,
-       died_at, resolved_at
-FROM {schema}.dead_events
-WHERE ($1 = '' OR status = $1) AND ($2 = '' OR aggregate_type = $2) AND ($3 = '' OR aggregate_id = $3)
-ORDER BY id
-LIMIT $4`, d.schema), o.Status, o.AggregateType, o.AggregateID, o.Limit)
+	rows, err := db.Query(ctx, d.list, filter(string(o.Status)), filter(o.AggregateType), filter(o.AggregateID), o.AfterID, o.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("producer: list dead events: %w", err)
 	}
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[DeadEvent])
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByName[DeadEvent])
 	if err != nil {
 		return nil, fmt.Errorf("producer: list dead events: %w", err)
 	}
 	return list, nil
+}
+
+// filter is a List filter's argument: NULL, which matches every event, for
+// an empty field.
+func filter(v string) *string {
+	if v == "" {
+		return nil
+	}
+	return &v
 }
 
 // Replay puts a dead event back into the outbox under its original id, with
@@ -100,19 +148,8 @@ LIMIT $4`, d.schema), o.Status, o.AggregateType, o.AggregateID, o.Limit)
 // The event keeps its original creation time, so until it is delivered
 // Health.OldestUndelivered reports its age. Under SkipDead its successors
 // went out long ago, so it reaches consumers after them.
-func (d *DeadEvents) Replay(ctx context.Context, id int64) error {
-	tag, err := d.db.Exec(ctx, qualify(`
-WITH revived AS (
-    UPDATE {schema}.dead_events SET status = 'replayed', resolved_at = now()
-    WHERE id = $1 AND status = 'dead'
-    RETURNING *
-)
-INSERT INTO {schema}.events (id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
-                             event_type, topic, content_type, payload, headers, created_at)
-OVERRIDING SYSTEM VALUE
-SELECT id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
-       event_type, topic, content_type, payload, headers, created_at
-FROM revived`, d.schema), id)
+func (d *DeadEvents) Replay(ctx context.Context, db outbox.DB, id int64) error {
+	tag, err := db.Exec(ctx, d.replay, id)
 	if err != nil {
 		return fmt.Errorf("producer: replay dead event %d: %w", id, err)
 	}
@@ -125,10 +162,8 @@ FROM revived`, d.schema), id)
 // Discard gives a dead event up for good and releases the events of its
 // aggregate that waited behind it. Consumers that check sequences will see
 // a gap where it was; resolve it there too.
-func (d *DeadEvents) Discard(ctx context.Context, id int64) error {
-	tag, err := d.db.Exec(ctx, qualify(`
-UPDATE {schema}.dead_events SET status = 'discarded', resolved_at = now()
-WHERE id = $1 AND status = 'dead'`, d.schema), id)
+func (d *DeadEvents) Discard(ctx context.Context, db outbox.DB, id int64) error {
+	tag, err := db.Exec(ctx, d.discard, id)
 	if err != nil {
 		return fmt.Errorf("producer: discard dead event %d: %w", id, err)
 	}

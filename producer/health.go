@@ -33,7 +33,7 @@ type Health struct {
 // ReadHealth reads the health view of schema ("" means
 // outbox.DefaultSchema). The same numbers are one SELECT away for a
 // monitoring agent: SELECT * FROM outbox.health.
-func ReadHealth(ctx context.Context, db DB, schema string) (Health, error) {
+func ReadHealth(ctx context.Context, db outbox.DB, schema string) (Health, error) {
 	if schema == "" {
 		schema = outbox.DefaultSchema
 	}

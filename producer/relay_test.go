@@ -268,11 +268,11 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		for i := range 3 {
 			b.write(t, b.event("sick"), b.event(aggName(i)))
 		}
-		dead := producer.NewDeadEvents(b.db.Pool, b.db.Schema)
+		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: b.db.Schema})
 		var list []producer.DeadEvent
 		waitFor(t, 30*time.Second, "the poison event dead", func() bool {
 			var err error
-			list, err = dead.List(ctx, &producer.ListOpts{Status: "dead"})
+			list, err = dead.List(ctx, b.db.Pool, &producer.ListOpts{Status: producer.StatusDead})
 			require.NoError(t, err)
 			return len(list) == 1
 		})
@@ -289,8 +289,8 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		require.Positive(t, h.OldestUndelivered)
 
 		fault.Remove() // the fix
-		require.NoError(t, dead.Replay(ctx, list[0].ID))
-		require.ErrorIs(t, dead.Replay(ctx, list[0].ID), producer.ErrNotDead)
+		require.NoError(t, dead.Replay(ctx, b.db.Pool, list[0].ID))
+		require.ErrorIs(t, dead.Replay(ctx, b.db.Pool, list[0].ID), producer.ErrNotDead)
 		b.waitDelivered(t, 30*time.Second)
 
 		// The aggregate's events span two topics, so their order shows in
@@ -333,15 +333,15 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		poison.Topic = poisonTopic
 		b.write(t, poison, b.event("sick"))
 		b.startRelay(t, &producer.RelayConfig{MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond})
-		dead := producer.NewDeadEvents(b.db.Pool, b.db.Schema)
+		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: b.db.Schema})
 		deadOnes := func() []producer.DeadEvent {
-			list, err := dead.List(ctx, &producer.ListOpts{Status: "dead"})
+			list, err := dead.List(ctx, b.db.Pool, &producer.ListOpts{Status: producer.StatusDead})
 			require.NoError(t, err)
 			return list
 		}
 		waitFor(t, 30*time.Second, "the poison event dead", func() bool { return len(deadOnes()) == 1 })
 		id := deadOnes()[0].ID
-		require.NoError(t, dead.Replay(ctx, id)) // without fixing the cause
+		require.NoError(t, dead.Replay(ctx, b.db.Pool, id)) // without fixing the cause
 		waitFor(t, 30*time.Second, "the replayed event dead again", func() bool { return len(deadOnes()) == 1 })
 		require.Equal(t, id, deadOnes()[0].ID)
 		require.Equal(t, 1, b.undelivered(t), "its successor is still held")
@@ -573,12 +573,12 @@ VALUES ('alive', now() + interval '1 hour', $1), ('dead', now() + interval '1 ho
 		require.Len(t, records, 1)
 		seq, _ := header(records[0], outbox.HeaderAggregateSeq)
 		require.Equal(t, "2", seq, "the later event went out, leaving a gap")
-		dead := producer.NewDeadEvents(b.db.Pool, b.db.Schema)
-		list, err := dead.List(ctx, nil)
+		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: b.db.Schema})
+		list, err := dead.List(ctx, b.db.Pool, nil)
 		require.NoError(t, err)
 		require.Len(t, list, 1)
 		require.False(t, list[0].Hold)
-		require.NoError(t, dead.Discard(ctx, list[0].ID))
+		require.NoError(t, dead.Discard(ctx, b.db.Pool, list[0].ID))
 		h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
 		require.NoError(t, err)
 		require.Zero(t, h.Dead)

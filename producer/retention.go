@@ -7,19 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/tables"
 )
-
-// DB is what the package's stand-alone functions need from a database
-// handle. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // PruneConfig tunes Prune. The zero value is valid.
 type PruneConfig struct {
@@ -100,7 +91,7 @@ WHERE d.id = r.id AND x.owed IS NULL`
 // retrying_events whose event is no longer owed (see the baseline migration). A
 // Relay calls it every RelayConfig.RetentionInterval; call it yourself only
 // when running without a relay or with retention disabled there.
-func Prune(ctx context.Context, db DB, cfg *PruneConfig) (PruneResult, error) {
+func Prune(ctx context.Context, db outbox.DB, cfg *PruneConfig) (PruneResult, error) {
 	c := PruneConfig{}
 	if cfg != nil {
 		c = *cfg

@@ -117,7 +117,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		if *status == "all" {
 			*status = ""
 		}
-		list, err := producer.NewDeadEvents(pool, *schema).List(ctx, &producer.ListOpts{Status: *status, AggregateType: *aggType, AggregateID: *aggID, Limit: 1000})
+		list, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: *schema}).List(ctx, pool,
+			&producer.ListOpts{Status: producer.Status(*status), AggregateType: *aggType, AggregateID: *aggID, Limit: 1000})
 		if err != nil {
 			return err
 		}
@@ -135,11 +136,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%s: id %q is not a number", cmd, fs.Arg(0))
 		}
-		dead := producer.NewDeadEvents(pool, *schema)
+		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: *schema})
 		if cmd == "dead replay" {
-			err = dead.Replay(ctx, id)
+			err = dead.Replay(ctx, pool, id)
 		} else {
-			err = dead.Discard(ctx, id)
+			err = dead.Discard(ctx, pool, id)
 		}
 		if err != nil {
 			return err
