@@ -57,12 +57,15 @@ func (p *Processor) report(ctx context.Context, recs []*kgo.Record, res []Result
 // failed, for processBatchAfter: failed is the message whose Handle failed,
 // or nil when HandleBatch did.
 func (p *Processor) tryBatch(ctx context.Context, recs []*kgo.Record) (ok bool, failed *Message, ferr error) {
-	res, ok, failed, ferr, err := p.batchOnce(ctx, recs)
-	if err != nil || !ok {
-		return false, failed, ferr
+	o := p.batchOnce(ctx, recs)
+	switch o.verdict {
+	case batchApplied:
+		p.report(ctx, recs, o.res, nil)
+		return true, nil, nil
+	case batchHandlerFailed:
+		return false, o.failed, o.err
 	}
-	p.report(ctx, recs, res, nil)
-	return true, nil, nil
+	return false, nil, nil
 }
 
 // processBatchAfter is ProcessBatch for recs after a tryBatch whose
@@ -81,14 +84,14 @@ func (p *Processor) processBatch(ctx context.Context, recs []*kgo.Record) ([]Res
 		return nil, nil
 	}
 	if len(recs) > 1 {
-		res, ok, failed, ferr, err := p.batchOnce(ctx, recs)
-		if err != nil {
-			return nil, err
+		switch o := p.batchOnce(ctx, recs); o.verdict {
+		case batchApplied:
+			return o.res, nil
+		case batchNotDone:
+			return nil, o.err
+		case batchHandlerFailed:
+			return p.fallback(ctx, recs, o.failed, o.err)
 		}
-		if ok {
-			return res, nil
-		}
-		return p.fallback(ctx, recs, failed, ferr)
 	}
 	return p.fallback(ctx, recs, nil, nil)
 }
@@ -117,42 +120,115 @@ func (p *Processor) fallback(ctx context.Context, recs []*kgo.Record, failed *Me
 	return out, nil
 }
 
-// batchOnce tries the happy path. ok false (with a nil error) means the
-// transaction was rolled back and the caller must fall back; ferr then
-// says why, if a handler failed: failed is the message whose Handle failed,
-// or nil when HandleBatch did (no record to blame).
-func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Result, ok bool, failed *Message, ferr error, _ error) {
-	msgs := make([]*Message, len(recs))
-	keys := make([]string, len(recs))
-	for i, r := range recs {
-		m, err := parse(r, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
-		if err != nil {
-			return nil, false, nil, nil, nil
-		}
-		m.Attempt = 1
-		msgs[i], keys[i] = m, m.IdempotencyKey
-	}
+// batchVerdict is how one try of the happy path ended.
+type batchVerdict int
 
+const (
+	// batchApplied: the transaction committed; every record has its
+	// result.
+	batchApplied batchVerdict = iota
+	// batchOffPath: rolled back because a record is off the happy path (a
+	// malformed record, a hole or repeat in a sequence, a position that did
+	// not move, parked successors, a transient handler error, a failed
+	// commit). The caller goes one record at a time, blaming nobody.
+	batchOffPath
+	// batchHandlerFailed: rolled back because a handler failed with err;
+	// failed is the message whose Handle failed, or nil when HandleBatch
+	// did. The caller goes one record at a time, and that run counts as
+	// failed's first attempt.
+	batchHandlerFailed
+	// batchNotDone: rolled back because the database failed or ctx ended
+	// (err). Nothing is done; the records must be processed again.
+	batchNotDone
+)
+
+// batchOutcome is a try's verdict with what goes with it.
+type batchOutcome struct {
+	verdict batchVerdict
+	res     []Result
+	failed  *Message
+	err     error
+}
+
+var offPath = batchOutcome{verdict: batchOffPath}
+
+func notDoneBatch(err error) batchOutcome { return batchOutcome{verdict: batchNotDone, err: err} }
+
+// batchOnce tries the happy path for recs, in named steps: parse them,
+// plan the position moves, claim the keys with BEGIN, move the positions,
+// run the handlers, commit. Any step may end the try; see batchVerdict.
+func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) batchOutcome {
+	msgs, keys, ok := p.parseBatch(recs)
+	if !ok {
+		return offPath
+	}
 	var freshKeys []string
 	tx, release, err := beginWith(ctx, p.db, p.sql.ClaimMany, []any{p.name, keys}, &freshKeys)
 	if err != nil {
-		return nil, false, nil, nil, infra(fmt.Errorf("consumer: begin and claim keys: %w", err))
+		return notDoneBatch(infra(fmt.Errorf("consumer: begin and claim keys: %w", err)))
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	defer p.track(tx)()
 
-	// A key repeated in the batch is fresh at its first place only.
+	res, moves, ok := planBatch(msgs, freshKeys)
+	if !ok {
+		return offPath
+	}
+	if ok, err := p.advanceBatch(ctx, tx, moves); err != nil {
+		return notDoneBatch(err)
+	} else if !ok {
+		return offPath
+	}
+	// Every position moved as one record at a time would have moved them,
+	// so the handlers run in the same order with the same verdicts.
+	if m, err := p.handleAll(ctx, tx, msgs, res); err != nil {
+		return p.handlerFailed(ctx, tx, m, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if ctx.Err() != nil {
+			return notDoneBatch(ctx.Err())
+		}
+		return offPath
+	}
+	return batchOutcome{verdict: batchApplied, res: res}
+}
+
+// parseBatch parses recs; ok false when one is malformed, which only the
+// one-by-one path can dead-letter.
+func (p *Processor) parseBatch(recs []*kgo.Record) (msgs []*Message, keys []string, ok bool) {
+	msgs, keys = make([]*Message, len(recs)), make([]string, len(recs))
+	for i, r := range recs {
+		m, err := parse(r, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+		if err != nil {
+			return nil, nil, false
+		}
+		m.Attempt = 1
+		msgs[i], keys[i] = m, m.IdempotencyKey
+	}
+	return msgs, keys, true
+}
+
+// aggregateMove is one aggregate's records in a batch: sequences first to
+// last without a hole.
+type aggregateMove struct {
+	agg         ordering.Aggregate
+	first, last int64
+}
+
+// planBatch gives each message its result on the happy path (Duplicate
+// when its key was not fresh; a key repeated in the batch is fresh at its
+// first place only) and the moves of the aggregates of the fresh ones, in
+// order of first appearance. ok false when an aggregate's fresh records
+// are not consecutive.
+func planBatch(msgs []*Message, freshKeys []string) ([]Result, []aggregateMove, bool) {
 	fresh := make(map[string]bool, len(freshKeys))
 	for _, k := range freshKeys {
 		fresh[k] = true
 	}
-	type run struct{ first, last int64 }
-	var (
-		res   = make([]Result, len(recs))
-		runs  = map[ordering.Aggregate]*run{}
-		order []ordering.Aggregate
-	)
+	res := make([]Result, len(msgs))
+	at := map[ordering.Aggregate]int{}
+	var moves []aggregateMove
 	for i, m := range msgs {
 		if !fresh[m.IdempotencyKey] {
 			res[i] = Result{Outcome: Duplicate}
@@ -164,57 +240,57 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) (_ []Resu
 			continue
 		}
 		agg := m.aggregate()
-		r := runs[agg]
+		j, seen := at[agg]
 		switch {
-		case r == nil:
-			runs[agg] = &run{first: m.Seq, last: m.Seq}
-			order = append(order, agg)
-		case m.Seq == r.last+1:
-			r.last = m.Seq
+		case !seen:
+			at[agg] = len(moves)
+			moves = append(moves, aggregateMove{agg: agg, first: m.Seq, last: m.Seq})
+		case m.Seq == moves[j].last+1:
+			moves[j].last = m.Seq
 		default:
-			return nil, false, nil, nil, nil // a hole or a repeat: one by one
+			return nil, nil, false // a hole or a repeat: one by one
 		}
 	}
-	if len(order) > 0 {
-		types, ids := make([]string, len(order)), make([]string, len(order))
-		firsts, lasts := make([]int64, len(order)), make([]int64, len(order))
-		for i, agg := range order {
-			types[i], ids[i], firsts[i], lasts[i] = agg.Type, agg.ID, runs[agg].first, runs[agg].last
-		}
-		var moved, parked int64
-		err := tx.QueryRow(ctx, p.sql.AdvanceMany, p.name, types, ids, firsts, lasts,
-			p.cfg.FirstSeen == ordering.FirstSeenBaseline).Scan(&moved, &parked)
-		if err != nil {
-			return nil, false, nil, nil, infra(fmt.Errorf("consumer: advance positions: %w", err))
-		}
-		if moved != int64(len(order)) || parked > 0 {
-			return nil, false, nil, nil, nil
-		}
+	return res, moves, true
+}
+
+// advanceBatch moves every aggregate of moves in one statement. ok false
+// when one did not move as planned (a gap, a duplicate sequence, an
+// aggregate not seen before under FirstSeenStrict) or has parked records
+// to drain.
+func (p *Processor) advanceBatch(ctx context.Context, tx *pipelinedTx, moves []aggregateMove) (bool, error) {
+	if len(moves) == 0 {
+		return true, nil
 	}
-	// Every position moved as one record at a time would have moved them,
-	// so the handlers run in the same order with the same verdicts.
-	if m, err := p.handleAll(ctx, tx, msgs, res); err != nil {
-		if ctx.Err() != nil {
-			return nil, false, nil, nil, ctx.Err()
-		}
-		var te *HandlerTimeoutError
-		if tx.Conn().IsClosed() && !errors.As(err, &te) {
-			// The database went away under the handler: that says
-			// nothing about the records and must not count as a try.
-			return nil, false, nil, nil, infra(fmt.Errorf("consumer: handler lost its connection: %w", err))
-		}
-		if classify(err) == classTransient {
-			// A deadlock, a lock timeout: not the records' fault, so
-			// no record is blamed; one by one, each is tried afresh.
-			return nil, false, nil, nil, nil
-		}
-		return nil, false, m, err, nil
+	types, ids := make([]string, len(moves)), make([]string, len(moves))
+	firsts, lasts := make([]int64, len(moves)), make([]int64, len(moves))
+	for i, mv := range moves {
+		types[i], ids[i], firsts[i], lasts[i] = mv.agg.Type, mv.agg.ID, mv.first, mv.last
 	}
-	if err := tx.Commit(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil, false, nil, nil, ctx.Err()
-		}
-		return nil, false, nil, nil, nil
+	var moved, parked int64
+	err := tx.QueryRow(ctx, p.sql.AdvanceMany, p.name, types, ids, firsts, lasts,
+		p.cfg.FirstSeen == ordering.FirstSeenBaseline).Scan(&moved, &parked)
+	if err != nil {
+		return false, infra(fmt.Errorf("consumer: advance positions: %w", err))
 	}
-	return res, true, nil, nil, nil
+	return moved == int64(len(moves)) && parked == 0, nil
+}
+
+// handlerFailed says what a handler's error m, err in the batch means.
+func (p *Processor) handlerFailed(ctx context.Context, tx *pipelinedTx, m *Message, err error) batchOutcome {
+	if ctx.Err() != nil {
+		return notDoneBatch(ctx.Err())
+	}
+	var te *HandlerTimeoutError
+	if tx.Conn().IsClosed() && !errors.As(err, &te) {
+		// The database went away under the handler: that says nothing
+		// about the records and must not count as a try.
+		return notDoneBatch(infra(fmt.Errorf("consumer: handler lost its connection: %w", err)))
+	}
+	if classify(err) == classTransient {
+		// A deadlock, a lock timeout: not the records' fault, so no
+		// record is blamed; one by one, each is tried afresh.
+		return offPath
+	}
+	return batchOutcome{verdict: batchHandlerFailed, failed: m, err: err}
 }
