@@ -133,6 +133,8 @@ func run(ctx context.Context, out io.Writer) error {
 		if err := client.CommitRecords(loopCtx, done...); err != nil {
 			return fmt.Errorf("commit offsets: %w", err)
 		}
+		// A loop that runs for good also calls process.DrainReady and
+		// process.PruneKeys now and then, as consumer.Run does.
 	}
 
 	rows, err := pool.Query(ctx, `SELECT order_id || ': ' || step FROM `+schema+`.shipments ORDER BY order_id, at`)
