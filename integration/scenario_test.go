@@ -332,6 +332,7 @@ func (s *scenario) consume(r *kgo.Record) {
 		Aggregate: history.Aggregate{Type: h[outbox.HeaderAggregateType], ID: h[outbox.HeaderAggregateID]},
 		Seq:       seq,
 		Applied:   !seen,
+		Where:     fmt.Sprintf("p%d@%d", r.Partition, r.Offset),
 	})
 }
 
@@ -432,7 +433,8 @@ func (s *scenario) check() history.Report {
 	s.mu.Unlock()
 	s.t.Logf("history (write errors: %d):\n%s", errs, rep)
 	require.Positive(s.t, rep.Committed, "the scenario committed nothing")
-	require.True(s.t, rep.OK(), "the history breaks a guarantee:\n%s", rep)
+	seed, _ := baseSeed()
+	require.True(s.t, rep.OK(), "the history breaks a guarantee (%s=%d reproduces the schedule):\n%s", seedEnv, seed, rep)
 	return rep
 }
 
