@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"slices"
@@ -258,13 +257,6 @@ func (o *bucketOwner) refreshHolds(ctx context.Context, busy []int32) error {
 		for _, b := range check {
 			delete(o.unchecked, b)
 		}
-		if traceOn {
-			var hs []string
-			for _, h := range o.holds {
-				hs = append(hs, h.aggregateID+"@"+h.until.Format("15:04:05.000"))
-			}
-			o.r.log.WarnContext(ctx, "TRACE holds refreshed", slog.Any("check", check), slog.Any("holds", hs))
-		}
 		switch {
 		case len(found) > 0:
 			o.logHolds(ctx, "relay: holding back aggregates whose events are still leased (to a relay that lost their buckets, or to a batch of this one whose outcome was not recorded); they resume when the leases end", found)
@@ -370,7 +362,6 @@ func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent,
 		return nil, err
 	}
 	slices.SortFunc(batch, func(a, b *claimedEvent) int { return cmp.Compare(a.id, b.id) })
-	o.r.trace(ctx, fmt.Sprintf("claimed busy=%d holds=%d", len(busy), len(o.holds)), batch, func(i int) string { return "lease=" + batch[i].leasedUntil.Format("15:04:05.000") })
 	return batch, nil
 }
 

@@ -74,8 +74,6 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []outcome {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	out := make([]outcome, len(batch))
-	offs := make([]int64, len(batch))
-	r.trace(ctx, "publishing", batch, func(i int) string { return "lease=" + batch[i].leasedUntil.Format("15:04:05.000") })
 	topicOf := map[[2]string]string{}
 	var wg sync.WaitGroup
 	for i, e := range batch {
@@ -92,7 +90,6 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []outcome {
 		wg.Add(1)
 		r.client.Produce(ctx, r.record(e, topic), func(rec *kgo.Record, err error) {
 			out[i].err, out[i].partition = err, rec.Partition
-			offs[i] = rec.Offset
 			wg.Done()
 		})
 	}
@@ -100,7 +97,6 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []outcome {
 	// waits for this batch anyway, so lingering only adds latency.
 	_ = r.client.Flush(ctx)
 	wg.Wait()
-	r.trace(ctx, "published", batch, func(i int) string { return fmt.Sprintf("p=%d off=%d err=%v", out[i].partition, offs[i], out[i].err) })
 	return out
 }
 
@@ -259,10 +255,8 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 		return fmt.Errorf("mark batch: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		r.trace(ctx, "settle commit failed "+err.Error(), batch, nil)
 		return fmt.Errorf("commit batch marks: %w", err)
 	}
-	r.trace(ctx, fmt.Sprintf("settled delivered=%v released=%v failed=%v", delivered, released, failed), batch, nil)
 	for _, d := range deadRows {
 		r.log.ErrorContext(ctx, "relay: event exhausted its attempts and moved to dead events; replay or discard it",
 			slog.Int64("event_id", d.ID), slog.String("aggregate_type", d.AggregateType),

@@ -491,7 +491,6 @@ func (r *Relay) awaitPublish(ctx context.Context, batch []*claimedEvent, publish
 			case err != nil:
 				r.logError(ctx, "relay: renew the lease of a batch still being published", err)
 			case renewed != nil:
-				r.trace(ctx, "renewed to "+renewed.Format("15:04:05.000")+" from "+lease.Format("15:04:05.000"), batch, nil)
 				lease = *renewed
 				r.log.WarnContext(ctx, "relay: the broker has not answered for a batch yet; renewed its lease",
 					slog.Int("events", len(batch)), slog.Time("leased_until", lease))
