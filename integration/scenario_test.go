@@ -332,6 +332,7 @@ func (s *scenario) consume(r *kgo.Record) {
 		Aggregate: history.Aggregate{Type: h[outbox.HeaderAggregateType], ID: h[outbox.HeaderAggregateID]},
 		Seq:       seq,
 		Applied:   !seen,
+		Where:     fmt.Sprintf("p%d@%d", r.Partition, r.Offset),
 	})
 }
 
@@ -431,9 +432,43 @@ func (s *scenario) check() history.Report {
 	errs := s.writeErrors
 	s.mu.Unlock()
 	s.t.Logf("history (write errors: %d):\n%s", errs, rep)
+	if rep.Reorders > 0 {
+		s.logWire(rep)
+	}
 	require.Positive(s.t, rep.Committed, "the scenario committed nothing")
-	require.True(s.t, rep.OK(), "the history breaks a guarantee:\n%s", rep)
+	seed, _ := baseSeed()
+	require.True(s.t, rep.OK(), "the history breaks a guarantee (%s=%d reproduces the schedule):\n%s", seedEnv, seed, rep)
 	return rep
+}
+
+// logWire reads the topic back from the broker and logs, for each
+// aggregate in the report's reorder examples, every record of it in offset
+// order: whether the consumer saw what the topic holds (a record skipped by
+// the consumer and seen again as a redelivery) or the topic itself holds
+// seq n+1 before any copy of seq n.
+func (s *scenario) logWire(rep history.Report) {
+	s.t.Helper()
+	aggs := map[string]bool{}
+	for _, ex := range rep.ReorderedKeys {
+		if agg, _, ok := strings.Cut(ex, " "); ok {
+			aggs[agg] = true
+		}
+	}
+	recs := s.broker.Records(s.t, s.topic, rep.Handles, 30*time.Second)
+	lines := map[string][]string{}
+	for _, r := range recs {
+		h := map[string]string{}
+		for _, hd := range r.Headers {
+			h[hd.Key] = string(hd.Value)
+		}
+		agg := h[outbox.HeaderAggregateType] + "/" + h[outbox.HeaderAggregateID]
+		if aggs[agg] {
+			lines[agg] = append(lines[agg], fmt.Sprintf("p%d@%d seq %s %s", r.Partition, r.Offset, h[outbox.HeaderAggregateSeq], h[outbox.HeaderIdempotencyKey]))
+		}
+	}
+	for agg, l := range lines {
+		s.t.Logf("the topic holds %d records of %s (of %d read back), in offset order:\n%s", len(l), agg, len(recs), strings.Join(l, "\n"))
+	}
 }
 
 // relay is one running relay instance. Its connections carry its own

@@ -39,6 +39,11 @@ type Handle struct {
 	// Applied is true when the handler's effect was applied (its transaction
 	// committed), false when the record was skipped as a duplicate.
 	Applied bool
+	// Where says where the record was read (for a Kafka record, its
+	// partition and offset); optional, shown in a reorder's example so
+	// that a report tells a reorder on the wire from a record the
+	// consumer skipped.
+	Where string
 }
 
 // Recorder collects a history. It is safe for concurrent use; the zero value
@@ -124,9 +129,10 @@ func (r *Recorder) Check() Report {
 		}
 	}
 
-	seen := map[string]bool{}     // key -> handled before
-	applied := map[string]int{}   // key -> times applied
-	last := map[Aggregate]int64{} // last applied seq per aggregate
+	seen := map[string]bool{}        // key -> handled before
+	applied := map[string]int{}      // key -> times applied
+	last := map[Aggregate]int64{}    // last applied seq per aggregate
+	lastAt := map[Aggregate]string{} // where the last applied record was read
 	for _, h := range handles {
 		rep.Handles++
 		if seen[h.Key] {
@@ -160,8 +166,14 @@ func (r *Recorder) Check() Report {
 		}
 		if h.Seq != prev+1 {
 			rep.Reorders++
-			rep.ReorderedKeys = example(rep.ReorderedKeys,
-				fmt.Sprintf("%s %s seq %d after %d", h.Aggregate, h.Key, h.Seq, prev))
+			ex := fmt.Sprintf("%s %s seq %d after %d", h.Aggregate, h.Key, h.Seq, prev)
+			if h.Where != "" {
+				ex = fmt.Sprintf("%s %s seq %d at %s after %d at %s", h.Aggregate, h.Key, h.Seq, h.Where, prev, lastAt[h.Aggregate])
+			}
+			rep.ReorderedKeys = example(rep.ReorderedKeys, ex)
+		}
+		if h.Seq >= prev {
+			lastAt[h.Aggregate] = h.Where
 		}
 		last[h.Aggregate] = max(prev, h.Seq)
 	}
