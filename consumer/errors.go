@@ -11,6 +11,12 @@ import (
 	"github.com/d419a114/outbox/ordering"
 )
 
+// ErrNoKey means a record carries no idempotency key: none of the
+// idempotency-key, event-id and Debezium id headers, and no KeyFunc result.
+// Such a record is dead-lettered rather than applied without protection
+// against duplicates.
+var ErrNoKey = errors.New("consumer: record has no idempotency key; set the outbox-idempotency-key, outbox-event-id or id header, or configure Config.KeyFunc")
+
 // ErrClosed is returned by Run when the client was closed.
 var ErrClosed = errors.New("consumer: client closed")
 

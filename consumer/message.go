@@ -81,12 +81,6 @@ func header(hs []kgo.RecordHeader, name string) ([]byte, bool) {
 	return nil, false
 }
 
-// ErrNoKey means a record carries no idempotency key: none of the
-// idempotency-key, event-id and Debezium id headers, and no KeyFunc result.
-// Such a record is dead-lettered rather than applied without protection
-// against duplicates.
-var ErrNoKey = errors.New("consumer: record has no idempotency key; set the outbox-idempotency-key, outbox-event-id or id header, or configure Config.KeyFunc")
-
 // HeaderError reports a contract header the consumer cannot use. It is
 // permanent: the record is dead-lettered without retries.
 type HeaderError struct {

@@ -28,14 +28,6 @@ const (
 	StatusDiscarded Status = "discarded"
 )
 
-var (
-	// ErrNotFound is returned for an id that has no dead letter.
-	ErrNotFound = errors.New("deadletter: not found")
-	// ErrResolved is returned by Replay and Discard for a letter that was
-	// replayed or discarded already.
-	ErrResolved = errors.New("deadletter: already replayed or discarded")
-)
-
 // Letter is one dead record.
 type Letter struct {
 	ID       int64

@@ -15,10 +15,6 @@ import (
 // DefaultRetention is how long keys are kept unless Config says otherwise.
 const DefaultRetention = 7 * 24 * time.Hour
 
-// ErrEmptyKey is returned when a claim is asked for an empty key: an empty
-// key would make every keyless message a duplicate of the first.
-var ErrEmptyKey = errors.New("dedupe: empty key")
-
 // Config tunes a Store. The zero value is valid.
 type Config struct {
 	// Schema holds the processed_keys table. Default outbox.DefaultSchema.

@@ -89,18 +89,6 @@ type Aggregate struct {
 
 func (a Aggregate) String() string { return a.Type + "/" + a.ID }
 
-// GapError is returned under GapFail for a record that arrived ahead of a
-// gap. It is retryable: the record applies once its predecessors have.
-type GapError struct {
-	Aggregate Aggregate
-	// Want is the sequence the aggregate waits for; Got is the record's.
-	Want, Got int64
-}
-
-func (e *GapError) Error() string {
-	return fmt.Sprintf("ordering: gap in %s: want seq %d, got %d", e.Aggregate, e.Want, e.Got)
-}
-
 // Check is the outcome of Tracker.Check.
 type Check struct {
 	Verdict Verdict
@@ -260,12 +248,6 @@ func (t *Tracker) Park(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64,
 	}
 	return true, nil
 }
-
-// ErrStopDrain is returned by a Drain callback to stop draining without an
-// error and without moving the position past the record it was given. The
-// callback must have disposed of the record (dead-lettered it, typically),
-// since Drain already took it out of the parked table.
-var ErrStopDrain = errors.New("ordering: stop draining")
 
 // Drain applies agg's parked records that are next in line, in sequence
 // order, inside tx: it takes each out of the parked table, calls apply, and

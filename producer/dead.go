@@ -2,7 +2,6 @@ package producer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -48,10 +47,6 @@ type DeadEvent struct {
 	DiedAt     time.Time  `db:"died_at"`
 	ResolvedAt *time.Time `db:"resolved_at"`
 }
-
-// ErrNotDead is returned by Replay and Discard when the id names no event
-// in status dead (unknown, or already replayed or discarded).
-var ErrNotDead = errors.New("producer: no dead event with that id")
 
 // DeadEventsConfig tunes DeadEvents. The zero value is valid.
 type DeadEventsConfig struct {

@@ -1,7 +1,6 @@
 package producer
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -50,27 +49,6 @@ type Written struct {
 	// Seq is the event's position in its aggregate's sequence, from 1.
 	Seq int64
 }
-
-// ValidationError says which field of which event was refused and why:
-// an empty required field, text that is not UTF-8, a payload over
-// WriterConfig.MaxPayloadBytes, a field over its outbox.Max*Bytes limit, a
-// reserved or malformed header. Nothing is written when Write returns one;
-// the error is permanent (the same event is refused again).
-type ValidationError struct {
-	// Index is the event's position in the Write call.
-	Index int
-	// Field names the offending field of Event, such as "AggregateID".
-	Field string
-	// Reason says what is wrong.
-	Reason string
-}
-
-func (e *ValidationError) Error() string {
-	return fmt.Sprintf("producer: event %d: %s %s", e.Index, e.Field, e.Reason)
-}
-
-// ErrNoTx is returned by Write when it is given a nil transaction.
-var ErrNoTx = errors.New("producer: write needs the caller's transaction; got nil")
 
 func (e *Event) validate(i int, maxPayload int) error {
 	bad := func(field, reason string) error { return &ValidationError{Index: i, Field: field, Reason: reason} }

@@ -316,13 +316,6 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 	return out, wake, nil
 }
 
-// ErrSequenceExhausted is returned, wrapped, by Write when an aggregate's
-// sequence stands at the largest bigint (9223372036854775807, math.MaxInt64)
-// and so has no number for the aggregate's next event. The statement failed
-// and aborted the transaction: roll it back. No further event can be
-// written for that aggregate.
-var ErrSequenceExhausted = errors.New("producer: aggregate sequence exhausted")
-
 // sqlstateNumericValueOutOfRange is numeric_value_out_of_range.
 const sqlstateNumericValueOutOfRange = "22003"
 

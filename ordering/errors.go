@@ -1,0 +1,24 @@
+package ordering
+
+import (
+	"errors"
+	"fmt"
+)
+
+// GapError is returned under GapFail for a record that arrived ahead of a
+// gap. It is retryable: the record applies once its predecessors have.
+type GapError struct {
+	Aggregate Aggregate
+	// Want is the sequence the aggregate waits for; Got is the record's.
+	Want, Got int64
+}
+
+func (e *GapError) Error() string {
+	return fmt.Sprintf("ordering: gap in %s: want seq %d, got %d", e.Aggregate, e.Want, e.Got)
+}
+
+// ErrStopDrain is returned by a Drain callback to stop draining without an
+// error and without moving the position past the record it was given. The
+// callback must have disposed of the record (dead-lettered it, typically),
+// since Drain already took it out of the parked table.
+var ErrStopDrain = errors.New("ordering: stop draining")
