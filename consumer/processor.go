@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -493,11 +495,7 @@ func (p *Processor) track(tx pgx.Tx) func() {
 func (p *Processor) inFlight() []uint32 {
 	p.openMu.Lock()
 	defer p.openMu.Unlock()
-	pids := make([]uint32, 0, len(p.open))
-	for pid := range p.open {
-		pids = append(pids, pid)
-	}
-	return pids
+	return slices.Collect(maps.Keys(p.open))
 }
 
 // terminate ends the database sessions pids, which rolls back their
