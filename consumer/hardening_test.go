@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/ordering"
 )
@@ -514,4 +518,88 @@ func TestRunAbandonsAHandlerThatIgnoresItsContext(t *testing.T) {
 	close(release)
 	<-returned
 	cl.Close()
+}
+
+// hangOn is a handler that never returns for aggregate "hang" until its
+// ctx ends, and is next otherwise.
+type hangOn struct{ next consumer.Handler }
+
+func (h hangOn) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	if m.AggregateID == "hang" {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return h.next.Handle(ctx, tx, m)
+}
+
+// batchHangOn is hangOn as a BatchHandler.
+type batchHangOn struct {
+	hangOn
+	next consumer.BatchHandler
+}
+
+func (h batchHangOn) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+	for _, m := range ms {
+		if m.AggregateID == "hang" {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
+	return h.next.HandleBatch(ctx, tx, ms)
+}
+
+// TestRunTakesEveryPartitionPastHostileRecords: the runner, fed hostile
+// records among good ones on three partitions (an over-long key, a binary
+// record key with a sequence, a sequence that is not a number, a handler
+// that hangs, one that panics), applies every good record, dead-letters
+// each hostile one, and commits every partition to its end.
+func TestRunTakesEveryPartitionPastHostileRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, md := range modes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			b := newGroupBundle(t, 3)
+			var recs []*kgo.Record
+			for seq := int64(1); seq <= 5; seq++ {
+				for a := range 9 {
+					agg := fmt.Sprintf("good-%d", a)
+					recs = append(recs, rec(agg, seq, fmt.Sprintf("%s-%d", agg, seq)))
+				}
+			}
+			binary := rec("bin", 1, "bin-1")
+			binary.Key = []byte{0xff, 0xfe, 0x00}
+			binary.Headers = slices.DeleteFunc(binary.Headers, func(h kgo.RecordHeader) bool { return h.Key == outbox.HeaderAggregateID })
+			hostile := []*kgo.Record{
+				rec("long", 1, strings.Repeat("k", outbox.MaxIdempotencyKeyBytes+1)),
+				binary,
+				setHeader(rec("badseq", 1, "badseq-1"), outbox.HeaderAggregateSeq, "one"),
+				rec("hang", 1, "hang-1"),
+				rec("boom", 1, "boom-1"),
+			}
+			for i, h := range hostile {
+				recs = slices.Insert(recs, 5+i*9, h)
+			}
+			b.effects.panicOn["boom"] = true
+			var h consumer.Handler = hangOn{next: b.effects}
+			if md.batchHandler {
+				h = batchHangOn{hangOn: hangOn{next: b.effects}, next: batchEffects{b.effects}}
+			}
+			cfg := fastConfig(b.db, md.batch)
+			cfg.HandlerTimeout, cfg.MaxAttempts = 100*time.Millisecond, 2
+			b.produce(t, recs...)
+			r := b.start(t, h, cfg)
+			eventually.True(t, 60*time.Second, func() bool { return b.committed(t) == int64(len(recs)) },
+				"every partition committed to its end")
+			rows, distinct := b.effects.count(t)
+			require.Equal(t, 45, rows)
+			require.Equal(t, 45, distinct)
+			letters, err := r.c.Processor().DeadLetters(ctx, nil)
+			require.NoError(t, err)
+			require.Len(t, letters, len(hostile))
+			for a := range 9 {
+				require.Equal(t, []int64{1, 2, 3, 4, 5}, b.effects.seqs(t, fmt.Sprintf("good-%d", a)))
+			}
+		})
+	}
 }
