@@ -386,6 +386,31 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		})
 	}
 
+	t.Run("WriterThatBeganLateDoesNotLetALaterSeqOut", func(t *testing.T) {
+		t.Parallel()
+		// next_attempt_at defaults to the writing transaction's start. A
+		// writer that began first can commit last and so take the last
+		// sequence, with the earliest next_attempt_at; the writers of the
+		// earlier sequences began later, possibly after a claim's own
+		// transaction began (its now()) and still committed before its
+		// snapshot. Seq 1 and 2 below stand for those: due, by their
+		// writers' clocks, after the claim's now(). The claim must not
+		// take seq 3 alone.
+		b := newBundle(t, 1)
+		written := b.write(t, b.event("k"), b.event("k"), b.event("k"))
+		_, err := b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("events")+` SET next_attempt_at = now() + interval '1 hour' WHERE id = ANY($1)`,
+			[]int64{written[0].ID, written[1].ID})
+		require.NoError(t, err)
+		_, err = b.db.Pool.Exec(ctx, `UPDATE `+b.db.Table("events")+` SET next_attempt_at = now() - interval '1 second' WHERE id = $1`, written[2].ID)
+		require.NoError(t, err)
+		b.startRelay(t, &producer.RelayConfig{PollInterval: 10 * time.Millisecond})
+		waitFor(t, 30*time.Second, "a record of k published", func() bool { return len(publishOrder(t, b, "k")) > 0 })
+		require.EqualValues(t, 1, publishOrder(t, b, "k")[0], "a later sequence went out first")
+		b.waitDelivered(t, 30*time.Second)
+		require.Equal(t, []int64{1, 2, 3}, publishOrder(t, b, "k"))
+		require.Len(t, checkOrder(t, b.broker.Records(t, b.topic, 3, 30*time.Second)), 3)
+	})
+
 	t.Run("LockedEarlierRowHoldsBackItsAggregate", func(t *testing.T) {
 		t.Parallel()
 		// Another session holds the row lock on seq 1 of k, as a zombie

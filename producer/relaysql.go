@@ -47,6 +47,16 @@ func newRelaySQL(schema string) relaySQL {
 // trace. Every earlier undelivered row of an aggregate that could go out is
 // itself a candidate (same filters, lower id), so none is missed.
 //
+// A row that never failed is due at once, whatever its next_attempt_at
+// says: that column defaults to the start of the writing transaction, and
+// the writer of an aggregate's earlier sequence may have begun after this
+// claim's transaction (its now()) yet committed before its snapshot, while
+// the writer of a later sequence began earlier and committed after it;
+// comparing their rows with now() would leave the earlier sequences out and
+// let the later one go first. next_attempt_at is a backoff only for a row
+// that failed, and such a row holds back its aggregate's later rows through
+// retrying_events (blocked, below).
+//
 // A row is not a candidate while an earlier undelivered row of its
 // aggregate failed and is waiting out its backoff (or is leased again), or
 // while its aggregate has a held dead event: publishing it would put a
@@ -99,7 +109,7 @@ WITH retrying AS MATERIALIZED (
     SELECT e.tableoid, e.ctid, e.id, e.created_at, e.aggregate_type, e.aggregate_id
     FROM {schema}.events e
     WHERE e.published_at IS NULL
-      AND e.next_attempt_at <= now()
+      AND (e.attempts = 0 OR e.next_attempt_at <= now())
       AND ` + bucketExprE + ` = ANY($1::int[])
       AND ` + hashExprE + ` NOT IN (SELECT unnest($4::int[]))
       AND NOT EXISTS (
@@ -119,7 +129,7 @@ WITH retrying AS MATERIALIZED (
         FROM {schema}.events e
         WHERE e.ctid = c.ctid AND e.tableoid = c.tableoid AND e.id = c.id AND e.created_at = c.created_at
           AND e.published_at IS NULL
-          AND e.next_attempt_at <= now()
+          AND (e.attempts = 0 OR e.next_attempt_at <= now())
           AND (e.leased_until IS NULL OR e.leased_until < now())
         FOR UPDATE OF e SKIP LOCKED) l
 ), skipped AS MATERIALIZED (
