@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -281,11 +280,11 @@ func (p *Processor) handlerFailed(ctx context.Context, tx *pipelinedTx, m *Messa
 	if ctx.Err() != nil {
 		return notDoneBatch(ctx.Err())
 	}
-	var te *HandlerTimeoutError
-	if tx.Conn().IsClosed() && !errors.As(err, &te) {
+	// connectionLost wraps err when, and only when, the connection is gone.
+	if lost := connectionLost(tx, err); lost != err {
 		// The database went away under the handler: that says nothing
 		// about the records and must not count as a try.
-		return notDoneBatch(infra(fmt.Errorf("consumer: handler lost its connection: %w", err)))
+		return notDoneBatch(lost)
 	}
 	if classify(err) == classTransient {
 		// A deadlock, a lock timeout: not the records' fault, so no

@@ -63,7 +63,7 @@ func TestHostileInput(t *testing.T) {
 		require.NoError(t, err)
 		return p, e, db
 	}
-	letter := func(t *testing.T, p *consumer.Processor, db *pgtest.DB, id int64) *deadletter.Letter {
+	letter := func(t *testing.T, p *consumer.Processor, id int64) *deadletter.Letter {
 		t.Helper()
 		l, err := p.DeadLetter(ctx, id)
 		require.NoError(t, err)
@@ -78,7 +78,7 @@ func TestHostileInput(t *testing.T) {
 			// the limit they break, and the dead letter itself fits.
 			t.Run("OverLongFieldsAreDeadLettered", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, md, nil)
+				p, e, _ := setup(t, md, nil)
 				long := incompressible(3000)
 				longID := rec(long, 1, "long-id")
 				longType := setHeader(rec("t", 1, "long-type"), outbox.HeaderAggregateType, long)
@@ -94,7 +94,7 @@ func TestHostileInput(t *testing.T) {
 				require.ErrorContains(t, res[2].Err, "outbox.MaxAggregateTypeBytes")
 				require.ErrorContains(t, res[3].Err, "outbox.MaxIdempotencyKeyBytes")
 				require.ErrorContains(t, res[4].Err, "outbox.MaxAggregateIDBytes")
-				l := letter(t, p, db, res[1].DeadLetterID)
+				l := letter(t, p, res[1].DeadLetterID)
 				require.Equal(t, []byte(long), l.Record.Key, "the record is kept whole")
 				require.Empty(t, l.AggregateID, "the over-long field stays out of the indexed column")
 				require.Equal(t, []int64{1, 2}, e.seqs(t, "ok"))
@@ -196,7 +196,7 @@ func TestHostileInput(t *testing.T) {
 				e.failKey("k2", nil)
 				_, err = p.Replay(ctx, res[1].DeadLetterID)
 				require.ErrorIs(t, err, consumer.ErrSequencePassed)
-				require.Equal(t, deadletter.StatusDead, letter(t, p, db, res[1].DeadLetterID).Status)
+				require.Equal(t, deadletter.StatusDead, letter(t, p, res[1].DeadLetterID).Status)
 				require.Equal(t, []int64{1}, e.seqs(t, "o"))
 			})
 
@@ -204,7 +204,7 @@ func TestHostileInput(t *testing.T) {
 			// its own letter; a resolved letter stays resolved.
 			t.Run("DifferentRecordAtTheSameOffsetGetsItsOwnLetter", func(t *testing.T) {
 				t.Parallel()
-				p, e, db := setup(t, md, nil)
+				p, e, _ := setup(t, md, nil)
 				e.setFail("bad", consumer.Permanent(errBroken))
 				a, b := rec("bad", 0, "a"), rec("bad", 0, "b")
 				a.Topic, b.Topic = "orders", "orders"
@@ -215,21 +215,21 @@ func TestHostileInput(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, consumer.DeadLettered, rb.Outcome)
 				require.NotEqual(t, ra.DeadLetterID, rb.DeadLetterID)
-				require.Equal(t, "b", letter(t, p, db, rb.DeadLetterID).IdempotencyKey)
+				require.Equal(t, "b", letter(t, p, rb.DeadLetterID).IdempotencyKey)
 				_, err = p.Discard(ctx, ra.DeadLetterID)
 				require.NoError(t, err)
 				again, err := p.Process(ctx, b)
 				require.NoError(t, err)
 				require.Equal(t, rb.DeadLetterID, again.DeadLetterID, "the same record failing again updates its letter")
-				require.Equal(t, deadletter.StatusDiscarded, letter(t, p, db, ra.DeadLetterID).Status)
-				require.Equal(t, 2, letter(t, p, db, rb.DeadLetterID).Attempts)
+				require.Equal(t, deadletter.StatusDiscarded, letter(t, p, ra.DeadLetterID).Status)
+				require.Equal(t, 2, letter(t, p, rb.DeadLetterID).Attempts)
 			})
 
 			// Item 8: a malformed record that comes back after its letter
 			// was resolved is a duplicate, keyed or not.
 			t.Run("RedeliveredMalformedRecordStaysResolved", func(t *testing.T) {
 				t.Parallel()
-				p, _, db := setup(t, md, nil)
+				p, _, _ := setup(t, md, nil)
 				keyed := setHeader(rec("o", 0, "keyed"), outbox.HeaderOccurredAt, "yesterday")
 				keyless := &kgo.Record{Key: []byte("nokey"), Value: []byte("v")}
 				res := processAll(t, p, 1, keyed, keyless)
@@ -242,7 +242,7 @@ func TestHostileInput(t *testing.T) {
 					again, err := p.Process(ctx, r)
 					require.NoError(t, err)
 					require.Equal(t, consumer.Duplicate, again.Outcome)
-					require.Equal(t, deadletter.StatusDiscarded, letter(t, p, db, res[i].DeadLetterID).Status)
+					require.Equal(t, deadletter.StatusDiscarded, letter(t, p, res[i].DeadLetterID).Status)
 				}
 			})
 
