@@ -147,8 +147,8 @@ func (s *Store) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]*Lett
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := db.Query(ctx, s.sql.List, filter(opts.Consumer), filter(opts.Topic), filter(string(opts.Status)),
-		filter(opts.AggregateType), filter(opts.AggregateID), opts.AfterID, limit)
+	rows, err := db.Query(ctx, s.sql.List, tables.Filter(opts.Consumer), tables.Filter(opts.Topic), tables.Filter(string(opts.Status)),
+		tables.Filter(opts.AggregateType), tables.Filter(opts.AggregateID), opts.AfterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: list: %w", err)
 	}
@@ -203,15 +203,6 @@ func (s *Store) resolve(ctx context.Context, db outbox.DB, id int64, to Status, 
 		return fmt.Errorf("deadletter: commit: %w", err)
 	}
 	return nil
-}
-
-// filter is a List filter's argument: NULL, which matches every letter,
-// for an empty field.
-func filter(v string) *string {
-	if v == "" {
-		return nil
-	}
-	return &v
 }
 
 // row is a dead_letters row as tables.DeadLetterColumns reads it, scanned

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // Status is what became of a dead event.
@@ -114,7 +115,7 @@ func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]
 		o = *opts
 	}
 	setDefault(&o.Limit, 100)
-	rows, err := db.Query(ctx, d.list, filter(string(o.Status)), filter(o.AggregateType), filter(o.AggregateID), o.AfterID, o.Limit)
+	rows, err := db.Query(ctx, d.list, tables.Filter(string(o.Status)), tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), o.AfterID, o.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("producer: list dead events: %w", err)
 	}
@@ -123,15 +124,6 @@ func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]
 		return nil, fmt.Errorf("producer: list dead events: %w", err)
 	}
 	return list, nil
-}
-
-// filter is a List filter's argument: NULL, which matches every event, for
-// an empty field.
-func filter(v string) *string {
-	if v == "" {
-		return nil
-	}
-	return &v
 }
 
 // Replay puts a dead event back into the outbox under its original id, with

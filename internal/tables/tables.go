@@ -42,3 +42,13 @@ func For(schema string) *Consumer {
 		HotPath:     hotPath(q),
 	}
 }
+
+// Filter is the argument of a statement's optional filter (written
+// "$n::text IS NULL OR column = $n"): NULL, which matches every row, for an
+// empty value.
+func Filter(v string) *string {
+	if v == "" {
+		return nil
+	}
+	return &v
+}
