@@ -9,8 +9,10 @@ import (
 	"github.com/d419a114/outbox/ordering"
 )
 
-// ProcessBatch applies consecutive records of one partition (in offset
-// order) with the same results as calling Process for each, but, on the
+// ProcessBatch applies records of one partition, in offset order, each
+// aggregate's records consecutive among that aggregate's (the Consumer
+// passes consecutive records at Concurrency 1, and records of distinct
+// aggregates or consecutive records of one above), with the same results as calling Process for each, but, on the
 // happy path, in a single transaction: BEGIN and one multi-row claim of
 // their keys in one round trip, one statement that moves all their
 // aggregates' positions, the handler for each (or, when the handler is a
@@ -48,34 +50,6 @@ func (p *Processor) report(ctx context.Context, recs []*kgo.Record, res []Result
 	if err != nil && len(res) < len(recs) {
 		p.cfg.Hooks.OnRecord(ctx, recs[len(res)], Result{}, err)
 	}
-}
-
-// tryBatch is ProcessBatch's happy path alone, for records of several
-// partitions (each partition's in offset order): all of recs applied in one
-// transaction (ok), or nothing done. ferr then says why, if a handler
-// failed, for processBatchAfter: failed is the message whose Handle failed,
-// or nil when HandleBatch did.
-func (p *Processor) tryBatch(ctx context.Context, recs []*kgo.Record) (ok bool, failed *Message, ferr error) {
-	o := p.batchOnce(ctx, recs)
-	switch o.verdict {
-	case batchApplied:
-		p.report(ctx, recs, o.res, nil)
-		return true, nil, nil
-	case batchHandlerFailed:
-		return false, o.failed, o.err
-	}
-	return false, nil, nil
-}
-
-// processBatchAfter is ProcessBatch for recs after a tryBatch whose
-// handler failed with ferr: the records are processed one by one. failed,
-// when it is one of recs, is the message whose Handle failed, and that run
-// counts as its first attempt; a HandleBatch failure (failed nil) counts as
-// no record's.
-func (p *Processor) processBatchAfter(ctx context.Context, recs []*kgo.Record, failed *Message, ferr error) ([]Result, error) {
-	res, err := p.fallback(ctx, recs, failed, ferr)
-	p.report(ctx, recs, res, err)
-	return res, err
 }
 
 func (p *Processor) processBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {
@@ -168,7 +142,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) batchOutc
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	defer p.track(tx)()
+	defer p.track(ctx, tx)()
 
 	res, moves, ok := planBatch(msgs, freshKeys)
 	if !ok {

@@ -19,11 +19,9 @@ import (
 //
 // ms holds exactly the messages the happy path applies, in the order they
 // are applied: the batch's records less the duplicates (keys claimed
-// before, or earlier in the batch). Each partition's messages are in offset
-// order and each aggregate's in sequence order without a hole; on the
-// Consumer's path that puts a small poll in one transaction (see
-// Config.BatchSize), ms holds messages of several partitions. ms is never
-// empty. The messages' keys are claimed and their aggregates' positions
+// before, or earlier in the batch), in offset order, each aggregate's in
+// sequence order without a hole. On the Consumer's path they are all of one
+// partition. ms is never empty. The messages' keys are claimed and their aggregates' positions
 // moved in tx before HandleBatch runs.
 //
 // HandleBatch must have exactly the effect of calling Handle for each

@@ -180,9 +180,10 @@ func (b batchFunc) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Me
 	return b.batch(ctx, tx, ms)
 }
 
-// The runner with a BatchHandler: a small poll over several partitions is
-// one HandleBatch call; when that call fails, every partition's records go
-// one by one through Handle, so the poison record is dead-lettered alone
+// The runner with a BatchHandler: a partition's records waiting together
+// are one HandleBatch call, never mixed with another partition's (each
+// partition flows on its own); when that call fails, its records go one by
+// one through Handle, so the poison record is dead-lettered alone
 // after MaxAttempts runs of Handle and never given to HandleBatch again.
 func TestConsumerWithBatchHandler(t *testing.T) {
 	t.Parallel()
@@ -203,12 +204,13 @@ func TestConsumerWithBatchHandler(t *testing.T) {
 	require.Equal(t, 12, rows)
 	require.Equal(t, 12, distinct)
 	b.effects.mu.Lock()
-	widest, batched := 0, 0
+	widest, longest, batched := 0, 0, 0
 	for _, ms := range b.effects.batches {
-		widest, batched = max(widest, partitions(ms)), batched+len(ms)
+		widest, longest, batched = max(widest, partitions(ms)), max(longest, len(ms)), batched+len(ms)
 	}
 	b.effects.mu.Unlock()
-	require.Greater(t, widest, 1, "one HandleBatch call applied records of several partitions")
+	require.Equal(t, 1, widest, "each HandleBatch call holds one partition's records")
+	require.Greater(t, longest, 1, "one HandleBatch call applied several records")
 	// A poll that brought one record alone is applied through Handle.
 	require.Equal(t, 12, batched+b.effects.handleCalls(), "each record through one of them, once")
 

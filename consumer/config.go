@@ -28,9 +28,9 @@ type Config struct {
 	// out of it fails with a *HandlerTimeoutError, which counts as a failed
 	// attempt: it is retried and then dead-lettered naming the timeout. Its
 	// transaction is rolled back. A handler that ignores its ctx is still
-	// waited for, holding its record (and, in the Consumer, its poll round)
-	// until it returns, except at shutdown: see ShutdownGrace. Default 30s;
-	// negative means no bound.
+	// waited for, holding its record (and, in the Consumer, its aggregate)
+	// until it returns, except when its partition is revoked or Run ends:
+	// see ShutdownGrace. Default 30s; negative means no bound.
 	HandlerTimeout time.Duration
 	// KeyFunc extracts the idempotency key of a record that has none of the
 	// outbox-idempotency-key, outbox-event-id and Debezium id headers
@@ -54,12 +54,31 @@ type Config struct {
 	// ReplayWindow is how long after a failure operators may replay a dead
 	// letter; only checked against KeyRetention. Default 0 (not checked).
 	ReplayWindow time.Duration
-	// BatchSize is how many consecutive records of a partition the Consumer
-	// applies in one transaction. Above 1, a poll with records of several
-	// partitions and no more than BatchSize in all also goes in one
-	// transaction. Default 1. See ProcessBatch, and BatchHandler for a
-	// handler that applies a batch in one call.
+	// BatchSize is how many records of a partition the Consumer applies in
+	// one transaction: at Concurrency 1 consecutive ones; above, records of
+	// distinct aggregates or consecutive records of one. Default 1. See
+	// ProcessBatch, and BatchHandler for a handler that applies a batch in
+	// one call.
 	BatchSize int
+	// Concurrency is how many records (or batches) of one partition the
+	// Consumer has in flight at once, never two of one aggregate, each
+	// aggregate's in offset order. Records without aggregate headers are
+	// ordered by their record key; records with neither go freely. 1, the
+	// default, applies a partition's records strictly in offset order. The
+	// pool of db needs about Concurrency connections per partition
+	// assigned to this member to make use of it.
+	Concurrency int
+	// PartitionBuffer bounds the records the Consumer holds per partition,
+	// waiting or in flight or done above the partition's lowest record not
+	// done. When a partition's lane holds this many, fetching of that
+	// partition alone pauses until half of them are done; a lane can go
+	// over by one poll's records (MaxPollRecords). Default 1000.
+	PartitionBuffer int
+	// CommitInterval is how often the Consumer commits the offsets of the
+	// records done; it also commits when partitions are revoked and when
+	// Run returns. A crash redelivers what was done since the last commit,
+	// and dedupe skips it. Default 1s.
+	CommitInterval time.Duration
 	// MaxPollRecords bounds the records one poll hands to the Consumer.
 	// Default 1000.
 	MaxPollRecords int
@@ -67,11 +86,13 @@ type Config struct {
 	// 1h; negative disables pruning.
 	PruneInterval time.Duration
 	// ShutdownGrace is how long the Consumer lets records in flight finish
-	// after its context ends; then their handlers' contexts are cancelled,
-	// their transactions roll back and their offsets are not committed, so
-	// they are redelivered. A handler that ignores its ctx gets one second
-	// more; then Run ends its transaction's database session (the server
-	// rolls it back) and returns without waiting for it. Default 10s.
+	// after its context ends, or after their partition is revoked (keep it
+	// well below the group's rebalance timeout, 60s by default); then
+	// their handlers' contexts are cancelled, their transactions roll back
+	// and their offsets are not committed, so they are redelivered. A
+	// handler that ignores its ctx gets one second more; then the Consumer
+	// ends its transaction's database session (the server rolls it back)
+	// and goes on without waiting for it. Default 10s.
 	ShutdownGrace time.Duration
 	// Hooks observes every record's outcome, for metrics and tracing
 	// adapters. Default nil.
@@ -82,7 +103,8 @@ type Config struct {
 
 // Hooks observes processing, so that metrics and tracing live in adapters
 // and the core imports neither. Implementations must be safe for
-// concurrent use and fast: they run on the partition's goroutine.
+// concurrent use and fast: they run on the goroutine that applies the
+// record.
 type Hooks interface {
 	// OnRecord is called once per record that Process or ProcessBatch is
 	// done with (err nil; res says how: applied, duplicate, parked,
@@ -119,6 +141,15 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.BatchSize == 0 {
 		out.BatchSize = 1
 	}
+	if out.Concurrency == 0 {
+		out.Concurrency = 1
+	}
+	if out.PartitionBuffer == 0 {
+		out.PartitionBuffer = 1000
+	}
+	if out.CommitInterval == 0 {
+		out.CommitInterval = time.Second
+	}
 	if out.MaxPollRecords == 0 {
 		out.MaxPollRecords = 1000
 	}
@@ -142,6 +173,12 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, fmt.Errorf("consumer: negative ReplayWindow %s", out.ReplayWindow)
 	case out.BatchSize < 1:
 		return out, fmt.Errorf("consumer: BatchSize %d is below 1", out.BatchSize)
+	case out.Concurrency < 1:
+		return out, fmt.Errorf("consumer: Concurrency %d is below 1", out.Concurrency)
+	case out.PartitionBuffer < 1:
+		return out, fmt.Errorf("consumer: PartitionBuffer %d is below 1", out.PartitionBuffer)
+	case out.CommitInterval < 0:
+		return out, fmt.Errorf("consumer: negative CommitInterval %s", out.CommitInterval)
 	case out.MaxPollRecords < 1:
 		return out, fmt.Errorf("consumer: MaxPollRecords %d is below 1", out.MaxPollRecords)
 	case out.ShutdownGrace < 0:

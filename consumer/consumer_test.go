@@ -31,7 +31,8 @@ func TestNewRefusesUnsafeClients(t *testing.T) {
 	}{
 		{"NoGroup", []kgo.Opt{kgo.ConsumeTopics("t")}, "kgo.ConsumerGroup"},
 		{"AutoCommit", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.BlockRebalanceOnPoll()}, "client has auto-commit enabled; create it with kgo.DisableAutoCommit()"},
-		{"RebalanceNotBlocked", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.DisableAutoCommit()}, "kgo.BlockRebalanceOnPoll()"},
+		{"NoCallbacks", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.DisableAutoCommit()}, "consumer.ClientOpts()"},
+		{"OwnCallback", append(append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")}, consumer.ClientOpts()...), kgo.OnPartitionsRevoked(func(context.Context, *kgo.Client, map[string][]int32) {})), "consumer.ClientOpts()"},
 		{"Safe", append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")}, consumer.ClientOpts()...), ""},
 	}
 	for _, tt := range tests {
@@ -298,15 +299,17 @@ func TestConsumer(t *testing.T) {
 		})
 	}
 
-	// In batch mode a poll of a few records over several partitions goes
-	// in one transaction; a failing record then takes the records one at a
-	// time again, with no more handler runs than single mode gives it.
-	t.Run("SmallPollsGoInOneTransaction", func(t *testing.T) {
+	// In batch mode a partition's records waiting together go in one
+	// transaction, which holds no other partition's; a failing record then
+	// takes the records one at a time again, with no more handler runs
+	// than single mode gives it.
+	t.Run("BatchesStayInTheirPartition", func(t *testing.T) {
 		t.Parallel()
 		b := newGroupBundle(t, 4)
 		var (
 			mu    sync.Mutex
 			parts = map[int64]map[int32]bool{} // transaction id -> partitions
+			sizes = map[int64]int{}            // transaction id -> records
 		)
 		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			var txid int64
@@ -318,6 +321,7 @@ func TestConsumer(t *testing.T) {
 				parts[txid] = map[int32]bool{}
 			}
 			parts[txid][m.Partition] = true
+			sizes[txid]++
 			mu.Unlock()
 			return b.effects.Handle(ctx, tx, m)
 		})
@@ -330,12 +334,13 @@ func TestConsumer(t *testing.T) {
 		require.Equal(t, 12, rows)
 		require.Equal(t, 12, distinct)
 		mu.Lock()
-		widest := 0
-		for _, ps := range parts {
-			widest = max(widest, len(ps))
+		widest, longest := 0, 0
+		for txid, ps := range parts {
+			widest, longest = max(widest, len(ps)), max(longest, sizes[txid])
 		}
 		mu.Unlock()
-		require.Greater(t, widest, 1, "one transaction applied records of several partitions")
+		require.Equal(t, 1, widest, "each transaction holds one partition's records")
+		require.Greater(t, longest, 1, "one transaction applied several records")
 
 		// The same with a poison record among them, under a new group.
 		b.effects.setFail("poison", errBroken)

@@ -37,10 +37,12 @@
 //     Process (or ProcessBatch) per partition in offset order and mark an
 //     offset for commit only after it returned no error.
 //   - New returns a Consumer that owns the poll loop of a franz-go consumer
-//     group (create the client with ClientOpts).
+//     group (create the client with ClientOpts). Each partition flows on
+//     its own lane, never waiting for another's, and Config.Concurrency
+//     lets several aggregates of one partition be applied at once.
 //
 // Batch mode (ProcessBatch, or Config.BatchSize above 1 for the Consumer)
-// applies consecutive records in one transaction with the same results as
+// applies several records of a partition in one transaction with the same results as
 // one at a time: anything off the happy path (a handler error, a gap)
 // rolls the batch back and runs its records one by one. A handler that also
 // implements BatchHandler gets a batch's messages in one HandleBatch call,

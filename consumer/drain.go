@@ -105,7 +105,7 @@ func (p *Processor) drainRest(ctx context.Context, agg ordering.Aggregate) (int,
 func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int, error) {
 	n := 0
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		defer p.track(tx)()
+		defer p.track(ctx, tx)()
 		ok, err := p.ordering.Lock(ctx, tx, agg)
 		if err != nil || !ok {
 			return err

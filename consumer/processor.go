@@ -69,11 +69,10 @@ type Processor struct {
 	ordering *ordering.Tracker
 	dead     *deadletter.Store
 	log      *slog.Logger
-	// open holds the backend pids of the transactions that attemptOnce and
-	// batchOnce have open, for Run to end when it abandons them; any
-	// goroutine, under openMu.
-	openMu sync.Mutex
-	open   map[uint32]int
+	// open holds the sessions of the transactions that attemptOnce,
+	// batchOnce and drainOnce have open, for Run to end when it abandons
+	// them.
+	open openSet
 	// ready wakes Consumer.Run's drainer; see readyToDrain.
 	ready chan struct{}
 	// sql holds the hot path's statements; see tables.HotPath.
@@ -108,7 +107,7 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 	}
 	bh, _ := h.(BatchHandler)
 	return &Processor{
-		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, open: map[uint32]int{}, ready: make(chan struct{}, 1),
+		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, ready: make(chan struct{}, 1),
 		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim and the move in one statement, sent in one round trip
@@ -243,7 +242,7 @@ func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, 
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	defer p.track(tx)()
+	defer p.track(ctx, tx)()
 	res, ran, err := p.apply(ctx, tx, m, true, &pre)
 	if err != nil {
 		return Result{}, ran, connectionLost(tx, err)
@@ -476,26 +475,59 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, att
 	return Result{Outcome: DeadLettered, DeadLetterID: id, Attempts: attempts, Err: cause}, nil
 }
 
-// track records tx as open until the returned function runs.
-func (p *Processor) track(tx pgx.Tx) func() {
+// track records tx as open until the returned function runs, in the
+// Processor's set and in the set ctx carries (see withOpenSet), if any.
+func (p *Processor) track(ctx context.Context, tx pgx.Tx) func() {
 	pid := tx.Conn().PgConn().PID()
-	p.openMu.Lock()
-	p.open[pid]++
-	p.openMu.Unlock()
+	done := p.open.add(pid)
+	s, _ := ctx.Value(openKey{}).(*openSet)
+	if s == nil {
+		return done
+	}
+	doneToo := s.add(pid)
 	return func() {
-		p.openMu.Lock()
-		if p.open[pid]--; p.open[pid] <= 0 {
-			delete(p.open, pid)
-		}
-		p.openMu.Unlock()
+		doneToo()
+		done()
 	}
 }
 
-// inFlight returns the backend pids of the open transactions.
-func (p *Processor) inFlight() []uint32 {
-	p.openMu.Lock()
-	defer p.openMu.Unlock()
-	return slices.Collect(maps.Keys(p.open))
+// openSet counts the open transactions of each database session (backend
+// pid), for Run to end the sessions of the ones it abandons.
+type openSet struct {
+	mu sync.Mutex
+	m  map[uint32]int
+}
+
+// add counts a transaction open on pid until the returned function runs.
+func (s *openSet) add(pid uint32) func() {
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[uint32]int{}
+	}
+	s.m[pid]++
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		if s.m[pid]--; s.m[pid] <= 0 {
+			delete(s.m, pid)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// pids returns the sessions with an open transaction.
+func (s *openSet) pids() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Keys(s.m))
+}
+
+type openKey struct{}
+
+// withOpenSet returns ctx carrying s: the transactions begun under it are
+// counted in s too, so that a partition's lane can end just its own.
+func withOpenSet(ctx context.Context, s *openSet) context.Context {
+	return context.WithValue(ctx, openKey{}, s)
 }
 
 // terminate ends the database sessions pids, which rolls back their

@@ -1,0 +1,226 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// runners maps each client to the Consumer running on it, for the group
+// callbacks ClientOpts installs: they are given the client, not the
+// Consumer.
+var runners sync.Map
+
+// runnerOf returns the Consumer running on cl, or nil.
+func runnerOf(cl *kgo.Client) *Consumer {
+	c, _ := runners.Load(cl)
+	r, _ := c.(*Consumer)
+	return r
+}
+
+// onRevoked finishes the revoked partitions' records and commits their
+// offsets before the group hands them to another member.
+func onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	if probed(ctx) {
+		return
+	}
+	if c := runnerOf(cl); c != nil {
+		c.leave(ctx, revoked, false)
+	}
+}
+
+// onLost abandons the lost partitions' records: another member may own
+// them already, so nothing is committed for them.
+func onLost(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
+	if probed(ctx) {
+		return
+	}
+	if c := runnerOf(cl); c != nil {
+		c.leave(ctx, lost, true)
+	}
+}
+
+// probeKey marks the context routesToConsumer calls the callbacks with.
+type probeKey struct{}
+
+// routesToConsumer says whether cl's OnPartitionsRevoked and
+// OnPartitionsLost are onRevoked and onLost. franz-go wraps the callbacks
+// it is given, so they cannot be compared; each is called once with no
+// partitions and a context that onRevoked and onLost recognise and count.
+func routesToConsumer(cl *kgo.Client) bool {
+	var seen atomic.Int32
+	ctx := context.WithValue(context.Background(), probeKey{}, &seen)
+	for _, opt := range []any{kgo.OnPartitionsRevoked, kgo.OnPartitionsLost} {
+		fn, _ := cl.OptValue(opt).(func(context.Context, *kgo.Client, map[string][]int32))
+		if fn == nil {
+			return false
+		}
+		fn(ctx, cl, nil)
+	}
+	return seen.Load() == 2
+}
+
+// probed counts a call of routesToConsumer's and says whether ctx is one.
+func probed(ctx context.Context) bool {
+	seen, ok := ctx.Value(probeKey{}).(*atomic.Int32)
+	if ok {
+		seen.Add(1)
+	}
+	return ok
+}
+
+// leave takes the lanes of parts out of the Consumer and retires them.
+func (c *Consumer) leave(ctx context.Context, parts map[string][]int32, lost bool) {
+	c.mu.Lock()
+	c.gen++
+	var lanes []*lane
+	for topic, nums := range parts {
+		for _, n := range nums {
+			tp := partition{topic, n}
+			c.revokedAt[tp] = c.gen
+			if l := c.lanes[tp]; l != nil {
+				lanes = append(lanes, l)
+				delete(c.lanes, tp)
+			}
+		}
+	}
+	c.mu.Unlock()
+	if len(lanes) == 0 {
+		return
+	}
+	how := "revoked"
+	if lost {
+		how = "lost"
+	}
+	c.log.InfoContext(ctx, "consumer: partitions "+how+"; stopping their lanes", slog.Int("lanes", len(lanes)))
+	c.retire(ctx, lanes, lost)
+}
+
+// retire stops lanes from taking records and waits for their records in
+// flight: ShutdownGrace, then (or at once, when the partitions were lost)
+// their handlers' contexts are cancelled; abandonAfter later, the database
+// sessions of the transactions still open are ended, which rolls them
+// back, and retire returns without waiting for their handlers. Unless the
+// partitions were lost, it then commits the lanes' offsets.
+func (c *Consumer) retire(ctx context.Context, lanes []*lane, lost bool) {
+	if len(lanes) == 0 {
+		return
+	}
+	for _, l := range lanes {
+		l.halt()
+	}
+	idle := make(chan struct{})
+	go func() {
+		defer close(idle)
+		for _, l := range lanes {
+			l.wg.Wait()
+		}
+	}()
+	grace := c.cfg.ShutdownGrace
+	if lost {
+		grace = 0
+	}
+	if !within(idle, grace) {
+		for _, l := range lanes {
+			l.cancelWork()
+		}
+		if !within(idle, abandonAfter) {
+			var pids []uint32
+			for _, l := range lanes {
+				pids = append(pids, l.open.pids()...)
+			}
+			c.log.ErrorContext(ctx, "consumer: handlers did not return after ShutdownGrace and the cancel of their contexts; rolling back their transactions and going on without them",
+				slog.Duration("shutdown_grace", grace), slog.Int("transactions", len(pids)))
+			if err := c.proc.terminate(context.WithoutCancel(ctx), pids); err != nil {
+				c.log.ErrorContext(ctx, "consumer: could not end the sessions of abandoned transactions; they end when their handlers return",
+					slog.String("error", err.Error()))
+			}
+		}
+	}
+	for _, l := range lanes {
+		l.cancelWork()
+	}
+	if !lost {
+		c.commit(ctx, lanes)
+	}
+}
+
+// within waits for done at most d.
+func within(done <-chan struct{}, d time.Duration) bool {
+	if d <= 0 {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// commitLoop commits the lanes' done offsets every CommitInterval until
+// ctx ends.
+func (c *Consumer) commitLoop(ctx context.Context) {
+	t := time.NewTicker(c.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.commitMu.Lock()
+		c.mu.Lock()
+		lanes := make([]*lane, 0, len(c.lanes))
+		for _, l := range c.lanes {
+			lanes = append(lanes, l)
+		}
+		c.mu.Unlock()
+		c.commitLocked(ctx, lanes)
+		c.commitMu.Unlock()
+	}
+}
+
+// commit commits each lane's offset: one past the last record of its done
+// prefix.
+func (c *Consumer) commit(ctx context.Context, lanes []*lane) {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	c.commitLocked(ctx, lanes)
+}
+
+func (c *Consumer) commitLocked(ctx context.Context, lanes []*lane) {
+	var marks []*kgo.Record
+	var from []*lane
+	for _, l := range lanes {
+		if m := l.uncommitted(); m != nil {
+			marks = append(marks, m)
+			from = append(from, l)
+		}
+	}
+	if len(marks) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := c.client.CommitRecords(cctx, marks...); err != nil {
+		// Not fatal: the records are applied and dedupe makes their
+		// redelivery harmless; the next commit tries again.
+		c.log.WarnContext(ctx, "consumer: commit offsets failed", slog.String("error", err.Error()))
+		return
+	}
+	for i, l := range from {
+		l.committed(marks[i])
+	}
+}
