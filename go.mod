@@ -11,6 +11,7 @@ require (
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1
 	go.uber.org/goleak v1.3.0
 	go.uber.org/mock v0.6.0
+	pgregory.net/rapid v1.3.0
 )
 
 require (
@@ -22,5 +23,4 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
-	pgregory.net/rapid v1.3.0 // indirect
 )

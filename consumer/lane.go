@@ -6,13 +6,11 @@ import (
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/d419a114/outbox"
 )
 
 // lane takes one partition's records from the poll loop and applies them:
-// up to Config.Concurrency records or batches at once, never two records
-// of one order key at once, each key's records in offset order.
+// up to Config.Concurrency records or batches at once, in the order its
+// queue allows.
 type lane struct {
 	c  *Consumer
 	tp partition
@@ -28,61 +26,22 @@ type lane struct {
 	wg sync.WaitGroup
 
 	mu sync.Mutex
-	// queue holds the records received and not yet committed past, in
-	// offset order, from the first one not done.
-	queue []*entry
-	// busy counts, per order key, the records of it in flight.
-	busy map[string]int
+	q  *queue
 	// workers is how many of the lane's goroutines are applying records.
 	workers int
-	// highest is the highest offset received: a record at or below it is
-	// one the lane has had already, in a fetch from before a rebalance.
-	highest int64
-	// done is the last record of the done prefix; commit is the offset
-	// last committed (one past a record).
-	done     *kgo.Record
+	// commitAt is the offset last committed (one past a record), -1
+	// before the first commit.
 	commitAt int64
 	paused   bool
 	stopped  bool
 }
 
-// entry is a record in a lane.
-type entry struct {
-	rec   *kgo.Record
-	key   string // orderKey(rec)
-	state entryState
-}
-
-type entryState uint8
-
-const (
-	waiting entryState = iota
-	inFlight
-	finished
-)
-
 func newLane(c *Consumer, tp partition) *lane {
-	l := &lane{c: c, tp: tp, busy: map[string]int{}, highest: -1, commitAt: -1}
+	l := &lane{c: c, tp: tp, q: newQueue(), commitAt: -1}
 	l.stop, l.halted = context.WithCancel(context.Background())
 	work, cancel := context.WithCancel(context.Background())
 	l.work, l.cancelWork = withOpenSet(work, &l.open), cancel
 	return l
-}
-
-// orderKey returns what orders rec against the partition's other records:
-// its aggregate (type and id, the id taken from the record key when it has
-// no id header, as the Processor does), or "" for a record with neither,
-// which goes freely.
-func orderKey(rec *kgo.Record) string {
-	id, ok := header(rec.Headers, outbox.HeaderAggregateID)
-	if !ok {
-		id = rec.Key
-	}
-	if len(id) == 0 {
-		return ""
-	}
-	typ, _ := header(rec.Headers, outbox.HeaderAggregateType)
-	return string(typ) + "\x00" + string(id)
 }
 
 // add queues recs (one fetch's records of the partition, in offset order)
@@ -94,111 +53,63 @@ func (l *lane) add(recs []*kgo.Record) {
 	if l.stopped {
 		return
 	}
-	for _, r := range recs {
-		if r.Offset <= l.highest {
-			continue
-		}
-		l.highest = r.Offset
-		l.queue = append(l.queue, &entry{rec: r, key: orderKey(r)})
-	}
-	if !l.paused && len(l.queue) >= l.c.cfg.PartitionBuffer {
+	l.q.push(recs)
+	if !l.paused && l.q.len() >= l.c.cfg.PartitionBuffer {
 		l.paused = true
 		l.c.client.PauseFetchPartitions(map[string][]int32{l.tp.topic: {l.tp.num}})
 	}
 	l.start()
 }
 
-// start hands records to new workers while there is room. Under mu.
+// start hands batches to new workers while there is room. Under mu.
 func (l *lane) start() {
 	for !l.stopped && l.workers < l.c.cfg.Concurrency {
-		batch := l.pick()
-		if len(batch) == 0 {
+		batch := l.q.pick(l.c.cfg.BatchSize)
+		if batch == nil {
 			return
 		}
 		l.workers++
 		l.wg.Add(1)
-		go l.apply(batch)
+		go l.run(batch)
 	}
 }
 
-// pick takes up to BatchSize waiting records, in offset order, that may
-// start now: none of an order key with a record in flight or with an
-// earlier record left waiting. A batch may hold several records of one
-// key; they are then consecutive among the key's records. Under mu.
-func (l *lane) pick() []*entry {
-	var (
-		batch   []*entry
-		mine    map[string]bool
-		blocked map[string]bool
-	)
-	for _, e := range l.queue {
-		if e.state != waiting {
-			continue
-		}
-		if e.key != "" && (blocked[e.key] || l.busy[e.key] > 0 && !mine[e.key]) {
-			if blocked == nil {
-				blocked = map[string]bool{}
-			}
-			blocked[e.key] = true
-			continue
-		}
-		batch = append(batch, e)
-		e.state = inFlight
-		if e.key != "" {
-			l.busy[e.key]++
-			if mine == nil {
-				mine = map[string]bool{}
-			}
-			mine[e.key] = true
-		}
-		if len(batch) == l.c.cfg.BatchSize {
-			break
-		}
-	}
-	return batch
-}
-
-// apply is a worker: it applies batch and gives it back done.
-func (l *lane) apply(batch []*entry) {
+// run is a worker: it applies batch, and then the next batch it is given,
+// until there is none.
+func (l *lane) run(batch []*entry) {
 	defer l.wg.Done()
-	recs := make([]*kgo.Record, len(batch))
-	for i, e := range batch {
-		recs[i] = e.rec
+	recs := make([]*kgo.Record, 0, len(batch))
+	for batch != nil {
+		recs = recs[:0]
+		for _, e := range batch {
+			recs = append(recs, e.rec)
+		}
+		n := l.c.apply(l.stop, l.work, recs)
+		batch = l.finish(batch, n)
 	}
-	n := l.c.apply(l.stop, l.work, recs)
-	l.finish(batch, n)
 }
 
-// finish marks the first n entries of batch done and the rest waiting
-// again, moves the done prefix on, resumes a paused fetch when the lane has
-// room again, and starts what may start.
-func (l *lane) finish(batch []*entry, n int) {
+// finish gives back batch with its first n records done, resumes a paused
+// fetch when the lane has room again, and returns the worker's next batch,
+// or nil when the worker is to end. It starts more workers when the batch
+// unblocked records for them.
+func (l *lane) finish(batch []*entry, n int) []*entry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i, e := range batch {
-		if e.key != "" {
-			if l.busy[e.key]--; l.busy[e.key] <= 0 {
-				delete(l.busy, e.key)
-			}
-		}
-		e.state = waiting
-		if i < n {
-			e.state = finished
-		}
-	}
-	l.workers--
-	i := 0
-	for i < len(l.queue) && l.queue[i].state == finished {
-		l.done = l.queue[i].rec
-		i++
-	}
-	clear(l.queue[:i])
-	l.queue = l.queue[i:]
-	if l.paused && !l.stopped && len(l.queue) <= l.c.cfg.PartitionBuffer/2 {
+	l.q.finish(batch, n)
+	if l.paused && !l.stopped && l.q.len() <= l.c.cfg.PartitionBuffer/2 {
 		l.paused = false
 		l.c.client.ResumeFetchPartitions(map[string][]int32{l.tp.topic: {l.tp.num}})
 	}
+	var next []*entry
+	if !l.stopped {
+		next = l.q.pick(l.c.cfg.BatchSize)
+	}
+	if next == nil {
+		l.workers--
+	}
 	l.start()
+	return next
 }
 
 // halt stops the lane from taking records and resumes its partition's
@@ -220,10 +131,10 @@ func (l *lane) halt() {
 func (l *lane) uncommitted() *kgo.Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.done == nil || l.done.Offset+1 <= l.commitAt {
+	if l.q.done == nil || l.q.done.Offset+1 <= l.commitAt {
 		return nil
 	}
-	return l.done
+	return l.q.done
 }
 
 // committed notes that the offset after r is committed.
