@@ -202,6 +202,7 @@ func (c *Consumer) poll(ctx context.Context) error {
 				return
 			}
 			tp := partition{p.Topic, p.Partition}
+
 			if c.revokedAt[tp] > gen || c.closing {
 				return
 			}

@@ -57,6 +57,15 @@ type groupBundle struct {
 	topic   string
 	group   string
 	effects *effects
+	// adm is the bundle's admin client, made on first use.
+	admOnce sync.Once
+	adm     *kadm.Client
+}
+
+// admin returns the bundle's admin client.
+func (b *groupBundle) admin(t *testing.T) *kadm.Client {
+	b.admOnce.Do(func() { b.adm = kadm.NewClient(b.broker.Client(t)) })
+	return b.adm
 }
 
 func newGroupBundle(t *testing.T, partitions int32) *groupBundle {
@@ -120,7 +129,7 @@ func (r *running) stop(t *testing.T) {
 // committed returns the group's committed offsets summed over partitions.
 func (b *groupBundle) committed(t *testing.T) int64 {
 	t.Helper()
-	adm := kadm.NewClient(b.broker.Client(t))
+	adm := b.admin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	offs, err := adm.FetchOffsets(ctx, b.group)
@@ -130,6 +139,30 @@ func (b *groupBundle) committed(t *testing.T) int64 {
 	var sum int64
 	offs.Each(func(o kadm.OffsetResponse) { sum += o.At })
 	return sum
+}
+
+// stableWith returns a condition: the group is stable with n members,
+// each with a partition assigned.
+func (b *groupBundle) stableWith(t *testing.T, n int) func() bool {
+	return func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		groups, err := b.admin(t).DescribeGroups(ctx, b.group)
+		if err != nil {
+			return false
+		}
+		g := groups[b.group]
+		if g.Err != nil || g.State != "Stable" || len(g.Members) != n {
+			return false
+		}
+		for _, m := range g.Members {
+			a, ok := m.Assigned.AsConsumer()
+			if !ok || len(a.Topics) == 0 {
+				return false
+			}
+		}
+		return true
+	}
 }
 
 // stream returns n records over aggs aggregates, each aggregate's sequence
@@ -148,7 +181,7 @@ func TestConsumer(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	for _, mode := range modes {
+	for _, mode := range runnerModes {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 
@@ -161,7 +194,7 @@ func TestConsumer(t *testing.T) {
 				recs := stream(6, 60)
 				b.produce(t, recs...)
 				b.produce(t, stream(6, 60)...)
-				r := b.start(t, mode.handler(b.effects), fastConfig(b.db, mode.batch))
+				r := b.start(t, mode.handler(b.effects), mode.config(b.db))
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 120 }, "all offsets committed")
 				rows, distinct := b.effects.count(t)
 				require.Equal(t, 60, rows)
@@ -170,7 +203,7 @@ func TestConsumer(t *testing.T) {
 
 				// Offsets reset: a new group reads everything again.
 				b.group += "-reset"
-				r = b.start(t, mode.handler(b.effects), fastConfig(b.db, mode.batch))
+				r = b.start(t, mode.handler(b.effects), mode.config(b.db))
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 120 })
 				r.stop(t)
 
@@ -179,7 +212,7 @@ func TestConsumer(t *testing.T) {
 				b.group += "-crash"
 				b.produce(t, stream(6, 66)[60:]...)
 				cl := b.client(t, b.group)
-				p, err := consumer.Handle(b.db.Pool, "svc", mode.handler(b.effects), fastConfig(b.db, mode.batch))
+				p, err := consumer.Handle(b.db.Pool, "svc", mode.handler(b.effects), mode.config(b.db))
 				require.NoError(t, err)
 				seen := 0
 				pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -195,7 +228,7 @@ func TestConsumer(t *testing.T) {
 				}
 				require.Equal(t, 126, seen)
 				cl.Close() // the "crash": nothing committed
-				b.start(t, mode.handler(b.effects), fastConfig(b.db, mode.batch))
+				b.start(t, mode.handler(b.effects), mode.config(b.db))
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == 126 })
 				rows, distinct = b.effects.count(t)
 				require.Equal(t, 66, rows)
@@ -210,45 +243,84 @@ func TestConsumer(t *testing.T) {
 			t.Run("RebalancesKeepEffectsSingleAndOrdered", func(t *testing.T) {
 				t.Parallel()
 				b := newGroupBundle(t, 4)
-				g := &guard{inFlight: map[string]bool{}, next: mode.handler(b.effects)}
+				g := newGuard(t, b.db, mode.handler(b.effects))
+				// Each execution holds its aggregate a little, and agg-0's
+				// hold it long, so that a record is in flight at every
+				// revocation and two of agg-0's wait together. agg-0's
+				// records carry no sequence, so that the database does not
+				// serialise them (a sequenced aggregate's position row lock
+				// would): only the runner keeps their executions apart.
+				held := func(agg string) bool { return agg == "agg-0" }
+				g.hold = func(m *consumer.Message) time.Duration {
+					if held(m.AggregateID) {
+						return 20 * time.Millisecond
+					}
+					return 2 * time.Millisecond
+				}
 				var h consumer.Handler = g
 				if mode.batchHandler {
 					h = batchGuard{g}
 				}
-				cfg := fastConfig(b.db, mode.batch)
+				cfg := mode.config(b.db)
 				m1 := b.start(t, h, cfg)
-				const total = 400
-				all := stream(20, total)
-				// Records keep coming while members join and leave.
-				produced := make(chan struct{})
+				// Records keep coming, 20 (two of each aggregate) every
+				// 150ms, while members join and leave; each change waits for
+				// the group to be stable and for records to be applied
+				// after it.
+				const aggs = 10
+				all := stream(aggs, 20000)
+				for i, r := range all {
+					if agg := string(r.Key); held(agg) {
+						all[i] = rec(agg, 0, fmt.Sprintf("%s-%d", agg, i/aggs+1))
+					}
+				}
+				stopProducing := make(chan struct{})
+				produced := make(chan int, 1)
 				go func() {
-					defer close(produced)
-					for i := 0; i < total; i += 20 {
-						b.produce(t, all[i:i+20]...)
+					tick := time.NewTicker(150 * time.Millisecond)
+					defer tick.Stop()
+					n := 0
+					defer func() { produced <- n }()
+					for n < len(all) {
+						select {
+						case <-stopProducing:
+							return
+						case <-tick.C:
+						}
+						b.produce(t, all[n:n+20]...)
+						n += 20
 					}
 				}()
-				defer func() { <-produced }()
-				applied := func(n int) func() bool {
-					return func() bool { rows, _ := b.effects.count(t); return rows >= n }
+				rows := func() int { n, _ := b.effects.count(t); return n }
+				more := func(n int) func() bool {
+					target := rows() + n
+					return func() bool { return rows() >= target }
 				}
-				eventually.True(t, 30*time.Second, applied(50))
+				eventually.True(t, 30*time.Second, more(100))
 				m2 := b.start(t, h, cfg) // joins
-				eventually.True(t, 30*time.Second, applied(150))
+				eventually.True(t, 30*time.Second, b.stableWith(t, 2), "two members share the partitions")
+				eventually.True(t, 30*time.Second, more(100))
 				m3 := b.start(t, h, cfg) // joins
-				eventually.True(t, 30*time.Second, applied(250))
+				eventually.True(t, 30*time.Second, b.stableWith(t, 3), "three members share the partitions")
+				eventually.True(t, 30*time.Second, more(100))
 				m1.stop(t) // leaves mid-stream
-				eventually.True(t, 60*time.Second, applied(total))
+				eventually.True(t, 30*time.Second, b.stableWith(t, 2), "two members share the partitions")
+				eventually.True(t, 30*time.Second, more(100))
+				close(stopProducing)
+				total := <-produced
+				eventually.True(t, 60*time.Second, func() bool { return rows() == total }, "every record produced applied")
 				m2.stop(t)
 				m3.stop(t)
-				require.Empty(t, g.violations())
-				rows, distinct := b.effects.count(t)
-				require.Equal(t, total, rows)
+				require.Empty(t, g.overlaps(t), "executions of one aggregate overlapped")
+				n, distinct := b.effects.count(t)
+				require.Equal(t, total, n)
 				require.Equal(t, total, distinct)
-				want := make([]int64, total/20)
+				want, wantKeys := make([]int64, total/aggs), make([]string, total/aggs)
 				for i := range want {
-					want[i] = int64(i + 1)
+					want[i], wantKeys[i] = int64(i+1), fmt.Sprintf("agg-0-%d", i+1)
 				}
-				for i := range 20 {
+				require.Equal(t, wantKeys, b.effects.keys(t, "agg-0"), "agg-0 in offset order")
+				for i := 1; i < aggs; i++ {
 					require.Equal(t, want, b.effects.seqs(t, fmt.Sprintf("agg-%d", i)))
 				}
 			})
@@ -259,7 +331,7 @@ func TestConsumer(t *testing.T) {
 				t.Parallel()
 				b := newGroupBundle(t, 2)
 				b.effects.setFail("bad", errBroken)
-				cfg := fastConfig(b.db, mode.batch)
+				cfg := mode.config(b.db)
 				cfg.MaxValueBytes = 1024
 				huge := rec("big", 0, "big")
 				huge.Value = make([]byte, 4096)
@@ -415,56 +487,6 @@ func TestConsumer(t *testing.T) {
 		require.Len(t, w, 2)
 		require.Contains(t, w[0], "dead-letter replay window")
 	})
-}
-
-// guard fails when one record is in two handlers at once.
-type guard struct {
-	mu       sync.Mutex
-	inFlight map[string]bool
-	errs     []error
-	next     consumer.Handler
-}
-
-func (g *guard) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-	defer g.leave(g.enter(m))
-	return g.next.Handle(ctx, tx, m)
-}
-
-// enter marks ms in flight and returns their ids for leave.
-func (g *guard) enter(ms ...*consumer.Message) []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	ids := make([]string, len(ms))
-	for i, m := range ms {
-		ids[i] = fmt.Sprintf("%d@%d", m.Partition, m.Offset)
-		if g.inFlight[ids[i]] {
-			g.errs = append(g.errs, fmt.Errorf("record %s processed twice at once", ids[i]))
-		}
-		g.inFlight[ids[i]] = true
-	}
-	return ids
-}
-
-func (g *guard) leave(ids []string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, id := range ids {
-		delete(g.inFlight, id)
-	}
-}
-
-// batchGuard is guard for a next that is a BatchHandler.
-type batchGuard struct{ *guard }
-
-func (g batchGuard) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
-	defer g.leave(g.enter(ms...))
-	return g.next.(consumer.BatchHandler).HandleBatch(ctx, tx, ms)
-}
-
-func (g *guard) violations() []error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return append([]error(nil), g.errs...)
 }
 
 // Run returns ErrClosed, and leaves nothing running, when its client is

@@ -556,7 +556,7 @@ func (h batchHangOn) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.
 func TestRunTakesEveryPartitionPastHostileRecords(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, md := range modes {
+	for _, md := range runnerModes {
 		t.Run(md.name, func(t *testing.T) {
 			t.Parallel()
 			b := newGroupBundle(t, 3)
@@ -585,7 +585,7 @@ func TestRunTakesEveryPartitionPastHostileRecords(t *testing.T) {
 			if md.batchHandler {
 				h = batchHangOn{hangOn: hangOn{next: b.effects}, next: batchEffects{b.effects}}
 			}
-			cfg := fastConfig(b.db, md.batch)
+			cfg := md.config(b.db)
 			cfg.HandlerTimeout, cfg.MaxAttempts = 100*time.Millisecond, 2
 			b.produce(t, recs...)
 			r := b.start(t, h, cfg)

@@ -34,11 +34,33 @@ type mode struct {
 	// batchHandler gives the processor the effects as a BatchHandler, so
 	// that a batch's happy path calls HandleBatch instead of Handle.
 	batchHandler bool
+	// concurrency is the runner's Config.Concurrency; 0 leaves the default.
+	concurrency int
 }
 
 // modes runs a scenario with one record per transaction, in batches through
 // Handle, and in batches through HandleBatch.
-var modes = []mode{{"Single", 1, false}, {"Batch", 50, false}, {"BatchHandler", 50, true}}
+var modes = []mode{{"Single", 1, false, 0}, {"Batch", 50, false, 0}, {"BatchHandler", 50, true, 0}}
+
+// runnerModes are the modes for the runner: each of modes at Concurrency 1
+// and at 16.
+var runnerModes = func() []mode {
+	var out []mode
+	for _, c := range []int{1, 16} {
+		for _, md := range modes {
+			md.name, md.concurrency = fmt.Sprintf("%sC%d", md.name, c), c
+			out = append(out, md)
+		}
+	}
+	return out
+}()
+
+// config returns fastConfig for md.
+func (md mode) config(db *pgtest.DB) *consumer.Config {
+	cfg := fastConfig(db, md.batch)
+	cfg.Concurrency = md.concurrency
+	return cfg
+}
 
 // handler returns e as the handler of md.
 func (md mode) handler(e *effects) consumer.Handler {
@@ -197,6 +219,16 @@ func (e *effects) seqs(t *testing.T, agg string) []int64 {
 	rows, err := e.db.Pool.Query(context.Background(), `SELECT seq FROM `+e.table+` WHERE aggregate = $1 ORDER BY n`, agg)
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return out
+}
+
+// keys returns the keys of agg's effects in the order they were applied.
+func (e *effects) keys(t *testing.T, agg string) []string {
+	t.Helper()
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT key FROM `+e.table+` WHERE aggregate = $1 ORDER BY n`, agg)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	return out
 }

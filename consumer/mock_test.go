@@ -117,13 +117,13 @@ func TestDatabaseFaults(t *testing.T) {
 		require.Zero(t, letters)
 	})
 
-	for _, mode := range modes {
+	for _, mode := range runnerModes {
 		t.Run("RunnerWaitsForTheDatabase"+mode.name, func(t *testing.T) {
 			t.Parallel()
 			b := newGroupBundle(t, 2)
 			b.produce(t, stream(4, 40)...)
 			cl := b.client(t, b.group)
-			c, err := consumer.New(flakyDB(t, b.db, 12), cl, "svc", mode.handler(b.effects), fastConfig(b.db, mode.batch))
+			c, err := consumer.New(flakyDB(t, b.db, 12), cl, "svc", mode.handler(b.effects), mode.config(b.db))
 			require.NoError(t, err)
 			runCtx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)

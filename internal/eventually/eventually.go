@@ -11,13 +11,22 @@ import (
 // if it does not within the given time.
 func True(t testing.TB, within time.Duration, cond func() bool, msgAndArgs ...any) {
 	t.Helper()
+	if !Within(within, cond) {
+		t.Fatalf("condition not met within %s %v", within, msgAndArgs)
+	}
+}
+
+// Within polls cond every few milliseconds until it holds (true) or the
+// given time has passed (false), for goroutines that may not fail a test.
+func Within(within time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(within)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s %v", within, msgAndArgs)
+			return false
 		}
 		<-tick.C
 	}
+	return true
 }
