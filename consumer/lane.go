@@ -75,7 +75,9 @@ func (l *lane) start() {
 }
 
 // run is a worker: it applies batch, and then the next batch it is given,
-// until there is none.
+// until there is none. A record that is not done is retried alone: the
+// records of its batch after it go back to the queue for other workers,
+// so that it holds back only its own aggregate.
 func (l *lane) run(batch []*entry) {
 	defer l.wg.Done()
 	recs := make([]*kgo.Record, 0, len(batch))
@@ -84,9 +86,26 @@ func (l *lane) run(batch []*entry) {
 		for _, e := range batch {
 			recs = append(recs, e.rec)
 		}
-		n := l.c.apply(l.stop, l.work, recs)
-		batch = l.finish(batch, n)
+		n, err := l.c.attempt(l.work, recs)
+		if err == nil || l.stop.Err() != nil || l.work.Err() != nil {
+			batch = l.finish(batch, n)
+			continue
+		}
+		e := batch[n]
+		if len(batch) > 1 {
+			l.giveBack(append(batch[:n:n], batch[n+1:]...), n)
+		}
+		batch = l.finish([]*entry{e}, l.c.retry(l.stop, l.work, e.rec, err))
 	}
+}
+
+// giveBack is finish for the records of a batch but one, which stays in
+// flight: the first n of batch are done, the rest waiting again.
+func (l *lane) giveBack(batch []*entry, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.q.finish(batch, n)
+	l.start()
 }
 
 // finish gives back batch with its first n records done, resumes a paused
@@ -144,42 +163,36 @@ func (l *lane) committed(r *kgo.Record) {
 	l.commitAt = max(l.commitAt, r.Offset+1)
 }
 
-// apply applies recs (records of one partition that may be applied
-// together, in offset order) and returns how many of them, from the
-// first, are done. It retries a record that is not done with backoff and
-// gives up only when stop ends; the records in flight then may finish
-// within work.
-func (c *Consumer) apply(stop, work context.Context, recs []*kgo.Record) int {
-	done := 0
-	for attempt := 1; done < len(recs); attempt++ {
-		rest := recs[done:]
-		var (
-			res []Result
-			err error
-		)
-		if len(rest) == 1 {
-			var r Result
-			if r, err = c.proc.Process(work, rest[0]); err == nil {
-				res = []Result{r}
-			}
-		} else {
-			res, err = c.proc.ProcessBatch(work, rest)
+// attempt applies recs (records of one partition that may be applied
+// together, in offset order) once and returns how many of them, from the
+// first, are done, and, when that is not all, why the next one is not.
+func (c *Consumer) attempt(work context.Context, recs []*kgo.Record) (int, error) {
+	if len(recs) == 1 {
+		if _, err := c.proc.Process(work, recs[0]); err != nil {
+			return 0, err
 		}
-		done += len(res)
-		if err == nil {
-			continue
+		return 1, nil
+	}
+	res, err := c.proc.ProcessBatch(work, recs)
+	return len(res), err
+}
+
+// retry applies rec, which is not done for the reason err (a database
+// failure, or a gap under GapFail), until it is done (1) or stop or work
+// ends (0), with backoff. Order holds: nothing of its aggregate runs
+// meanwhile.
+func (c *Consumer) retry(stop, work context.Context, rec *kgo.Record, err error) int {
+	for attempt := 1; ; attempt++ {
+		c.log.WarnContext(work, "consumer: record not done, retrying", slog.String("topic", rec.Topic),
+			slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset), slog.String("error", err.Error()))
+		if sleep(stop, c.proc.backoff(attempt)) != nil {
+			return 0
+		}
+		if _, err = c.proc.Process(work, rec); err == nil {
+			return 1
 		}
 		if stop.Err() != nil || work.Err() != nil {
-			return done
-		}
-		// The record is not done: a database failure, or a gap under
-		// GapFail. Retry it without moving on, so order holds.
-		r := recs[done]
-		c.log.WarnContext(work, "consumer: record not done, retrying", slog.String("topic", r.Topic),
-			slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset), slog.String("error", err.Error()))
-		if sleep(stop, c.proc.backoff(attempt)) != nil {
-			return done
+			return 0
 		}
 	}
-	return done
 }

@@ -1,0 +1,168 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/internal/eventually"
+	"github.com/d419a114/outbox/ordering"
+)
+
+// produceTo produces recs to partition p of the bundle's topic.
+func (b *groupBundle) produceTo(t *testing.T, p int32, recs ...*kgo.Record) {
+	t.Helper()
+	cl := b.broker.Client(t, kgo.DefaultProduceTopic(b.topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	for _, r := range recs {
+		r.Partition = p
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, cl.ProduceSync(ctx, recs...).FirstErr())
+}
+
+// committedAt returns the group's committed offset of partition p, -1 when
+// none.
+func (b *groupBundle) committedAt(t *testing.T, p int32) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	at := int64(-1)
+	offs, err := b.admin(t).FetchOffsets(ctx, b.group)
+	if err != nil {
+		return at
+	}
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Partition == p {
+			at = o.At
+		}
+	})
+	return at
+}
+
+// A partition whose handler is stuck, with its lane full, holds up no other
+// partition: the other's records are all applied and committed meanwhile,
+// in every mode.
+func TestStuckPartitionDoesNotDelayOthers(t *testing.T) {
+	t.Parallel()
+	for _, md := range runnerModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			b := newGroupBundle(t, 2)
+			release := make(chan struct{})
+			h := handlerOf(md, b.effects, func(m *consumer.Message) {
+				if m.Partition == 0 {
+					<-release
+				}
+			})
+			var stuck, free []*kgo.Record
+			for seq := int64(1); seq <= 10; seq++ {
+				for a := range 3 {
+					stuck = append(stuck, rec(fmt.Sprintf("stuck-%d", a), seq, fmt.Sprintf("stuck-%d-%d", a, seq)))
+					free = append(free, rec(fmt.Sprintf("free-%d", a), seq, fmt.Sprintf("free-%d-%d", a, seq)))
+				}
+			}
+			b.produceTo(t, 0, stuck...)
+			b.produceTo(t, 1, free...)
+			cfg := md.config(b.db)
+			cfg.PartitionBuffer = 4 // the stuck lane fills and pauses its partition
+			cfg.CommitInterval = 20 * time.Millisecond
+			r := b.start(t, h, cfg)
+			eventually.True(t, 30*time.Second, func() bool { return b.committedAt(t, 1) == int64(len(free)) }, "the free partition applied and committed")
+			rows, _ := b.effects.count(t)
+			require.Equal(t, len(free), rows, "nothing of the stuck partition applied yet")
+			close(release)
+			eventually.True(t, 30*time.Second, func() bool { return b.committedAt(t, 0) == int64(len(stuck)) }, "the stuck partition applied and committed")
+			r.stop(t)
+			rows, distinct := b.effects.count(t)
+			require.Equal(t, len(stuck)+len(free), rows)
+			require.Equal(t, rows, distinct)
+			for a := range 3 {
+				for _, agg := range []string{"stuck", "free"} {
+					require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, b.effects.seqs(t, fmt.Sprintf("%s-%d", agg, a)))
+				}
+			}
+		})
+	}
+}
+
+// handlerOf returns md's handler over e, calling before first for each
+// message (for a BatchHandler, for each message of the batch).
+func handlerOf(md mode, e *effects, before func(*consumer.Message)) consumer.Handler {
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		before(m)
+		return e.Handle(ctx, tx, m)
+	})
+	if !md.batchHandler {
+		return h
+	}
+	return beforeBatch{h, batchEffects{e}, before}
+}
+
+type beforeBatch struct {
+	consumer.HandlerFunc
+	next   batchEffects
+	before func(*consumer.Message)
+}
+
+func (b beforeBatch) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
+	for _, m := range ms {
+		b.before(m)
+	}
+	return b.next.HandleBatch(ctx, tx, ms)
+}
+
+// Above Concurrency 1, a record that is not done (here under GapFail, its
+// aggregate's sequence 1 missing) is retried while it holds back only its
+// own aggregate: the partition's other aggregates are applied, and the
+// committed offset stays at the retried record, the lowest one not done.
+// When the gap fills, the record and its successor are applied and the
+// offset moves to the end.
+func TestRetriedRecordHoldsOnlyItsAggregate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, md := range runnerModes {
+		if md.concurrency == 1 {
+			continue
+		}
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			b := newGroupBundle(t, 1)
+			recs := stream(3, 6) // offsets 0-5
+			recs = append(recs, rec("held", 2, "held-2"), rec("held", 3, "held-3"))
+			recs = append(recs, stream(3, 30)[6:]...)
+			b.produce(t, recs...)
+			cfg := md.config(b.db)
+			cfg.GapPolicy = ordering.GapFail
+			cfg.CommitInterval = 20 * time.Millisecond
+			r := b.start(t, md.handler(b.effects), cfg)
+			eventually.True(t, 30*time.Second, func() bool { rows, _ := b.effects.count(t); return rows == 30 }, "the other aggregates applied")
+			require.Empty(t, b.effects.seqs(t, "held"), "the held aggregate waits for its gap")
+			r.stop(t) // commits on the way out
+			require.EqualValues(t, 6, b.committedAt(t, 0), "committed up to the retried record, not past it")
+
+			// The gap fills from elsewhere (a record of seq 1 applied by
+			// another path); the runner, started again, applies the rest.
+			p, err := consumer.Handle(b.db.Pool, "svc", md.handler(b.effects), cfg)
+			require.NoError(t, err)
+			one := rec("held", 1, "held-1")
+			one.Topic, one.Offset = "elsewhere", 1
+			res, err := p.Process(ctx, one)
+			require.NoError(t, err)
+			require.Equal(t, consumer.Applied, res.Outcome)
+			b.start(t, md.handler(b.effects), cfg)
+			eventually.True(t, 30*time.Second, func() bool { return b.committedAt(t, 0) == int64(len(recs)) }, "everything committed")
+			require.Equal(t, []int64{1, 2, 3}, b.effects.seqs(t, "held"))
+			rows, distinct := b.effects.count(t)
+			require.Equal(t, 33, rows)
+			require.Equal(t, 33, distinct)
+		})
+	}
+}
