@@ -25,11 +25,12 @@ import (
 // a time), and consumer group members joining and leaving (one to three at
 // a time), on a seeded schedule. Every committed event must be applied
 // once, each aggregate's effects in dense sequence order.
-func TestScenarioMembersComeAndGo(t *testing.T) {
-	t.Parallel()
+func TestScenarioMembersComeAndGo(t *testing.T) { atConcurrency(t, membersComeAndGo) }
+
+func membersComeAndGo(t *testing.T, concurrency int) {
 	rng := scenarioRand(t)
 	s := newScenario(t, rng, broker(t), 6)
-	g := s.newGroup(consumer.Config{})
+	g := s.newGroup(consumer.Config{Concurrency: concurrency})
 	g.start()
 	stopWriters := s.startWriters(writeLoad{Writers: 6, Aggregates: 100, MaxPerTx: 4, Rollback: 0.1, MaxPause: 5 * time.Millisecond, Limit: 8000})
 
@@ -97,13 +98,14 @@ func TestScenarioMembersComeAndGo(t *testing.T) {
 // while the members consume. Redeliveries must be skipped: nothing lost,
 // no phantom, no duplicate effect, no reorder. kfake only: the faults and
 // the leader moves need it.
-func TestScenarioConsumerCrashes(t *testing.T) {
-	t.Parallel()
+func TestScenarioConsumerCrashes(t *testing.T) { atConcurrency(t, consumerCrashes) }
+
+func consumerCrashes(t *testing.T, concurrency int) {
 	rng := scenarioRand(t)
 	b := kafkatest.NewFake(t)
 	fake := b.Fake
 	s := newScenario(t, rng, b, 4)
-	g := s.newGroup(consumer.Config{MaxPollRecords: 50})
+	g := s.newGroup(consumer.Config{MaxPollRecords: 50, Concurrency: concurrency})
 	var commits atomic.Int64
 	fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Count: -1, Observe: true,
 		When: func(kmsg.Request) bool { commits.Add(1); return true }})
@@ -165,11 +167,12 @@ const poisonAggregate = "agg-007"
 // its successors parked while every other aggregate flows; after the fix,
 // replaying the dead letter applies it once and drains the successors in
 // order.
-func TestScenarioPoisonAggregate(t *testing.T) {
-	t.Parallel()
+func TestScenarioPoisonAggregate(t *testing.T) { atConcurrency(t, poisonAggregateScenario) }
+
+func poisonAggregateScenario(t *testing.T, concurrency int) {
 	rng := scenarioRand(t)
 	s := newScenario(t, rng, broker(t), 4)
-	g := s.newGroup(consumer.Config{MaxAttempts: 2})
+	g := s.newGroup(consumer.Config{MaxAttempts: 2, Concurrency: concurrency})
 	var broken atomic.Bool
 	broken.Store(true)
 	var failures atomic.Int64
@@ -259,4 +262,15 @@ func TestScenarioPoisonAggregate(t *testing.T) {
 	r2.stop()
 	s.check()
 	g.settled()
+}
+
+// atConcurrency runs a consumer scenario with Config.Concurrency 1 and 16.
+func atConcurrency(t *testing.T, scenario func(t *testing.T, concurrency int)) {
+	t.Parallel()
+	for _, c := range []int{1, 16} {
+		t.Run(fmt.Sprintf("concurrency=%d", c), func(t *testing.T) {
+			t.Parallel()
+			scenario(t, c)
+		})
+	}
 }

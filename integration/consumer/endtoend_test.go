@@ -75,8 +75,9 @@ func topic(t *testing.T, b *kafkatest.Broker, partitions int32) string {
 // nothing parked or dead-lettered; in both consumer modes.
 func TestWriterRelayConsumer(t *testing.T) {
 	t.Parallel()
-	for _, batch := range []int{1, 50} {
-		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+	for _, run := range runs([]int{1, 50}) {
+		batch, concurrency := run.batch, run.concurrency
+		t.Run(run.name, func(t *testing.T) {
 			t.Parallel()
 			const aggregates, perAggregate = 12, 15
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -133,7 +134,7 @@ func TestWriterRelayConsumer(t *testing.T) {
 				_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("effects")+` (event_id, aggregate, seq) VALUES ($1, $2, $3)`, m.EventID, m.AggregateID, m.Seq)
 				return err
 			})
-			cfg := &consumer.Config{Schema: db.Schema, BatchSize: batch, Logger: quiet, MaxPollRecords: 20}
+			cfg := &consumer.Config{Schema: db.Schema, BatchSize: batch, Concurrency: concurrency, Logger: quiet, MaxPollRecords: 20}
 			start := func() (stop func()) {
 				cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.Addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 					kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, consumer.ClientOpts()...)...)

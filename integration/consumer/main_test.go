@@ -5,9 +5,28 @@
 package consumer_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/d419a114/outbox/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// run is one way of running a test's consumer: its batch size and
+// Config.Concurrency.
+type run struct {
+	name               string
+	batch, concurrency int
+}
+
+// runs returns each of batches at Concurrency 1 and 16.
+func runs(batches []int) []run {
+	var out []run
+	for _, c := range []int{1, 16} {
+		for _, b := range batches {
+			out = append(out, run{fmt.Sprintf("batch=%d/concurrency=%d", b, c), b, c})
+		}
+	}
+	return out
+}

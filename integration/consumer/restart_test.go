@@ -23,8 +23,9 @@ import (
 // record ends up applied exactly once, in order, none dead-lettered. It is
 // not parallel: it restarts the server every test of this package shares.
 func TestDatabaseRestart(t *testing.T) {
-	for _, batch := range []int{1, 20} {
-		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+	for _, run := range runs([]int{1, 20}) {
+		batch, concurrency := run.batch, run.concurrency
+		t.Run(run.name, func(t *testing.T) {
 			const aggregates, perAggregate = 8, 30
 			const total = aggregates * perAggregate
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -70,7 +71,7 @@ func TestDatabaseRestart(t *testing.T) {
 				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, consumer.ClientOpts()...)...)
 			require.NoError(t, err)
 			defer cl.Close()
-			c, err := consumer.New(db.Pool, cl, "ledger", h, &consumer.Config{Schema: db.Schema, BatchSize: batch, Logger: quiet,
+			c, err := consumer.New(db.Pool, cl, "ledger", h, &consumer.Config{Schema: db.Schema, BatchSize: batch, Concurrency: concurrency, Logger: quiet,
 				MaxAttempts: 3, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 			require.NoError(t, err)
 			runCtx, stop := context.WithCancel(ctx)

@@ -55,6 +55,8 @@ type Config struct {
 	MaxPause time.Duration
 	// Partitions of the topic [6].
 	Partitions int32
+	// Concurrency is each consumer member's Config.Concurrency [1].
+	Concurrency int
 	// FaultEvery is the mean pause between faults [2s].
 	FaultEvery time.Duration
 	// Progress receives a line every ProgressEvery [5s]; nil is silent.
@@ -131,6 +133,9 @@ func (c *Config) defaults() {
 	}
 	if c.Partitions == 0 {
 		c.Partitions = 6
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
 	}
 	if c.FaultEvery == 0 {
 		c.FaultEvery = 2 * time.Second
@@ -485,7 +490,9 @@ func (r *run) startMember() error {
 	if err != nil {
 		return err
 	}
-	poolCfg.MaxConns = 8
+	// A member may own every partition: Concurrency connections for
+	// each, and a few for the drainer and pruner.
+	poolCfg.MaxConns = int32(min(8+r.cfg.Concurrency*int(r.cfg.Partitions), 40))
 	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 	if err != nil {
 		return err
@@ -501,7 +508,7 @@ func (r *run) startMember() error {
 		return err
 	}
 	c, err := consumer.New(pool, client, "soak", consumer.HandlerFunc(r.handle), &consumer.Config{
-		Schema: r.schema, Logger: r.cfg.Logger, Hooks: hooks{r}, BatchSize: 20, MaxPollRecords: 500,
+		Schema: r.schema, Logger: r.cfg.Logger, Hooks: hooks{r}, BatchSize: 20, MaxPollRecords: 500, Concurrency: r.cfg.Concurrency,
 		MinBackoff: 5 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second,
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package soak_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -23,9 +24,15 @@ func (w logWriter) Write(p []byte) (int, error) {
 }
 
 // TestSoakShort runs the soak for a few seconds with a fault every few
-// hundred milliseconds: the pipeline must drain and the history keep the
-// guarantees.
+// hundred milliseconds, at Concurrency 1 and 16: the pipeline must drain
+// and the history keep the guarantees.
 func TestSoakShort(t *testing.T) {
+	for _, c := range []int{1, 16} {
+		t.Run(fmt.Sprintf("concurrency=%d", c), func(t *testing.T) { soakShort(t, c) })
+	}
+}
+
+func soakShort(t *testing.T, concurrency int) {
 	srv, err := pgtest.Shared()
 	require.NoError(t, err)
 	cfg := soak.Config{
@@ -33,6 +40,7 @@ func TestSoakShort(t *testing.T) {
 		DatabaseURL:   srv.URL,
 		Writers:       4,
 		Aggregates:    50,
+		Concurrency:   concurrency,
 		FaultEvery:    400 * time.Millisecond,
 		ProgressEvery: 2 * time.Second,
 		Progress:      logWriter{t},

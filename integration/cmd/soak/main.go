@@ -31,6 +31,7 @@ func run() int {
 	flag.IntVar(&cfg.Aggregates, "aggregates", 200, "aggregates to spread events over")
 	flag.DurationVar(&cfg.MaxPause, "pause", 20*time.Millisecond, "longest random pause between a writer's transactions")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", 2*time.Second, "mean pause between injected faults")
+	flag.IntVar(&cfg.Concurrency, "concurrency", 1, "records in flight per partition in each consumer member (consumer.Config.Concurrency)")
 	flag.DurationVar(&cfg.ProgressEvery, "progress", 5*time.Second, "progress line interval")
 	flag.Parse()
 	cfg.Progress = os.Stdout
