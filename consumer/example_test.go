@@ -165,7 +165,9 @@ func ExampleHandle_publish() {
 }
 
 // New runs a consumer group: records applied once, offsets committed after
-// the database commit.
+// the database commit. With Concurrency 4 up to four aggregates of a
+// partition are applied at once; the records here are all of aggregate
+// o-1 (their key), so they still go one after another in offset order.
 func ExampleNew() {
 	ctx := context.Background()
 	db, closeDB, err := pgtest.Open(nil)
@@ -212,7 +214,7 @@ func ExampleNew() {
 		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			seen <- m.IdempotencyKey + ": " + string(m.Value)
 			return nil
-		}), &consumer.Config{Schema: db.Schema, Logger: quietLogger})
+		}), &consumer.Config{Schema: db.Schema, Concurrency: 4, Logger: quietLogger})
 	if err != nil {
 		fmt.Println(err)
 		return
