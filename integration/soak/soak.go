@@ -492,7 +492,10 @@ func (r *run) startMember() error {
 	}
 	// A member may own every partition: Concurrency connections for
 	// each, and a few for the drainer and pruner.
-	poolCfg.MaxConns = int32(min(8+r.cfg.Concurrency*int(r.cfg.Partitions), 40))
+	poolCfg.MaxConns = 40
+	if c := r.cfg.Concurrency; c >= 0 && c < 4 {
+		poolCfg.MaxConns = min(8+int32(c)*r.cfg.Partitions, 40)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 	if err != nil {
 		return err
