@@ -70,7 +70,13 @@ func (b *groupBundle) admin(t *testing.T) *kadm.Client {
 
 func newGroupBundle(t *testing.T, partitions int32) *groupBundle {
 	t.Helper()
-	b := &groupBundle{broker: kafkatest.New(t), db: pgtest.New(t, &pgtest.Opts{MaxConns: 20})}
+	return newGroupBundleOn(t, kafkatest.New(t), partitions)
+}
+
+// newGroupBundleOn is newGroupBundle on broker.
+func newGroupBundleOn(t *testing.T, broker *kafkatest.Broker, partitions int32) *groupBundle {
+	t.Helper()
+	b := &groupBundle{broker: broker, db: pgtest.New(t, &pgtest.Opts{MaxConns: 20})}
 	b.topic = b.broker.Topic(t, partitions)
 	b.group = "g-" + b.topic
 	b.effects = newEffects(t, b.db)

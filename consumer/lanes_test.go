@@ -3,16 +3,21 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/eventually"
+	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -165,4 +170,59 @@ func TestRetriedRecordHoldsOnlyItsAggregate(t *testing.T) {
 			require.Equal(t, 33, distinct)
 		})
 	}
+}
+
+// When the group fences this member (its heartbeat answered
+// UNKNOWN_MEMBER_ID, as when its session expired), its partitions are
+// lost: the record in flight is abandoned at once, its handler's context
+// cancelled without waiting for ShutdownGrace (an hour here). The member
+// rejoins, gets the partition back and applies the record once.
+func TestLostPartitionsAbandonWorkAtOnce(t *testing.T) {
+	t.Parallel()
+	b := newGroupBundleOn(t, kafkatest.NewFake(t), 1) // fencing needs kfake's request control
+	var (
+		entered   = make(chan struct{})
+		cancelled = make(chan struct{})
+		once      sync.Once
+		held      atomic.Bool
+	)
+	held.Store(true)
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.AggregateID == "held" && held.Load() {
+			once.Do(func() { close(entered) })
+			<-ctx.Done()
+			held.Store(false)
+			close(cancelled)
+			return ctx.Err()
+		}
+		return b.effects.Handle(ctx, tx, m)
+	})
+	recs := append(stream(2, 4), rec("held", 1, "held-1"))
+	b.produce(t, recs...)
+	cfg := fastConfig(b.db, 1)
+	cfg.ShutdownGrace, cfg.HandlerTimeout, cfg.CommitInterval = time.Hour, -1, 20*time.Millisecond
+	r := b.start(t, h, cfg)
+	<-entered
+	eventually.True(t, 30*time.Second, func() bool { return b.committedAt(t, 0) == 4 }, "the records before the held one committed")
+
+	var fenced atomic.Bool
+	b.broker.Fake.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if !fenced.CompareAndSwap(false, true) {
+			return nil, nil, false
+		}
+		resp := req.(*kmsg.HeartbeatRequest).ResponseKind().(*kmsg.HeartbeatResponse)
+		resp.ErrorCode = kerr.UnknownMemberID.Code
+		return resp, nil, true
+	})
+	select {
+	case <-cancelled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lost partition's handler was not cancelled")
+	}
+	eventually.True(t, 30*time.Second, func() bool { return b.committedAt(t, 0) == int64(len(recs)) }, "the held record applied after the rejoin")
+	r.stop(t)
+	require.Equal(t, []int64{1}, b.effects.seqs(t, "held"))
+	rows, distinct := b.effects.count(t)
+	require.Equal(t, len(recs), rows)
+	require.Equal(t, len(recs), distinct)
 }
