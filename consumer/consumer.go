@@ -63,7 +63,6 @@ func ClientOpts() []kgo.Opt {
 type Consumer struct {
 	proc   *Processor
 	client *kgo.Client
-	db     DB
 	cfg    Config
 	log    *slog.Logger
 	// blocking says the client was made with kgo.BlockRebalanceOnPoll,
@@ -119,7 +118,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 		return nil, err
 	}
 	block, _ := client.OptValue(kgo.BlockRebalanceOnPoll).(bool)
-	return &Consumer{proc: p, client: client, db: db, cfg: p.cfg, log: p.log, blocking: block,
+	return &Consumer{proc: p, client: client, cfg: p.cfg, log: p.log, blocking: block,
 		lanes: map[partition]*lane{}, revokedAt: map[partition]uint64{}}, nil
 }
 
@@ -246,21 +245,14 @@ func (c *Consumer) stopDrainer(ctx context.Context, stop context.CancelFunc, dra
 }
 
 func (c *Consumer) pruneLoop(ctx context.Context) {
-	t := time.NewTicker(c.cfg.PruneInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, c.cfg.PruneInterval, func() {
 		n, err := c.proc.PruneKeys(ctx)
 		if err != nil && ctx.Err() == nil {
 			c.log.WarnContext(ctx, "consumer: prune processed keys failed", slog.String("error", err.Error()))
 		} else if n > 0 {
 			c.log.InfoContext(ctx, "consumer: pruned processed keys", slog.Int64("deleted", n))
 		}
-	}
+	})
 }
 
 // CheckRetention compares Config.KeyRetention with the retention of the

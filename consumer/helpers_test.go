@@ -215,20 +215,21 @@ func (e *effects) callsOf(key string) int {
 
 // seqs returns the applied sequences of agg in the order they were applied.
 func (e *effects) seqs(t *testing.T, agg string) []int64 {
-	t.Helper()
-	rows, err := e.db.Pool.Query(context.Background(), `SELECT seq FROM `+e.table+` WHERE aggregate = $1 ORDER BY n`, agg)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	require.NoError(t, err)
-	return out
+	return appliedColumn[int64](t, e, "seq", agg)
 }
 
 // keys returns the keys of agg's effects in the order they were applied.
 func (e *effects) keys(t *testing.T, agg string) []string {
+	return appliedColumn[string](t, e, "key", agg)
+}
+
+// appliedColumn returns column of agg's effect rows in the order they were
+// applied.
+func appliedColumn[T any](t *testing.T, e *effects, column, agg string) []T {
 	t.Helper()
-	rows, err := e.db.Pool.Query(context.Background(), `SELECT key FROM `+e.table+` WHERE aggregate = $1 ORDER BY n`, agg)
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT `+column+` FROM `+e.table+` WHERE aggregate = $1 ORDER BY n`, agg)
 	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out, err := pgx.CollectRows(rows, pgx.RowTo[T])
 	require.NoError(t, err)
 	return out
 }

@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -172,23 +174,27 @@ func within(done <-chan struct{}, d time.Duration) bool {
 // commitLoop commits the lanes' done offsets every CommitInterval until
 // ctx ends.
 func (c *Consumer) commitLoop(ctx context.Context) {
-	t := time.NewTicker(c.cfg.CommitInterval)
+	every(ctx, c.cfg.CommitInterval, func() {
+		c.commitMu.Lock()
+		defer c.commitMu.Unlock()
+		c.mu.Lock()
+		lanes := slices.Collect(maps.Values(c.lanes))
+		c.mu.Unlock()
+		c.commitLocked(ctx, lanes)
+	})
+}
+
+// every runs fn every d until ctx ends.
+func every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			fn()
 		}
-		c.commitMu.Lock()
-		c.mu.Lock()
-		lanes := make([]*lane, 0, len(c.lanes))
-		for _, l := range c.lanes {
-			lanes = append(lanes, l)
-		}
-		c.mu.Unlock()
-		c.commitLocked(ctx, lanes)
-		c.commitMu.Unlock()
 	}
 }
 

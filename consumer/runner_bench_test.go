@@ -97,7 +97,6 @@ func (rig *runnerRig) newRun(b *testing.B, partitions int32, recs []*kgo.Record,
 	cl := rig.broker.Client(b, kgo.DefaultProduceTopic(r.topic), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(1<<20))
 	for _, rec := range recs {
 		rec.Partition = part(rec)
-		rec.Topic = ""
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -146,12 +145,8 @@ func (r *benchRun) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) e
 type batchRun struct{ *benchRun }
 
 func (r batchRun) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
-	keys, aggs, seqs := make([]string, len(ms)), make([]string, len(ms)), make([]int64, len(ms))
-	for i, m := range ms {
-		keys[i], aggs[i], seqs[i] = m.IdempotencyKey, m.AggregateID, m.Seq
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+r.table+` (key, aggregate, seq) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, keys, aggs, seqs)
-	if err != nil {
+	insert := multiRow{insertMany: `INSERT INTO ` + r.table + ` (key, aggregate, seq) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`}
+	if err := insert.HandleBatch(ctx, tx, ms); err != nil {
 		return err
 	}
 	r.handled(ms...)
@@ -282,6 +277,15 @@ func (r *benchRun) handLoop(b *testing.B, batch int, batchHandler bool, records 
 	return r.rate()
 }
 
+// byKey returns a partitioner over n partitions by the record key's hash.
+func byKey(n uint32) func(*kgo.Record) int32 {
+	return func(r *kgo.Record) int32 {
+		h := fnv.New32a()
+		h.Write(r.Key)
+		return int32(h.Sum32() % n)
+	}
+}
+
 // BenchmarkRunner measures the runner (consumer.New and Run, kfake and
 // PostgreSQL on the same machine) in the configurations the lanes and
 // Config.Concurrency are for, each configuration run after the other on
@@ -366,19 +370,8 @@ func benchSlowPartition(b *testing.B) {
 	for b.Loop() {
 		rig := newRunnerRig(b, 16)
 		const fast = 3000
-		spread := func(r *kgo.Record) int32 {
-			h := fnv.New32a()
-			h.Write(r.Key)
-			return int32(h.Sum32() % 3)
-		}
+		spread := byKey(3)
 		isFast := func(m *consumer.Message) bool { return m.Partition != 3 }
-		slowOnes := func() []*kgo.Record {
-			var out []*kgo.Record
-			for seq := int64(1); seq <= 50; seq++ {
-				out = append(out, rec("slow", seq, fmt.Sprintf("slow-%d", seq)))
-			}
-			return out
-		}
 		alone := rig.newRun(b, 4, zipfStream(fast, 1000, 1.1), spread)
 		without := alone.runner(b, consumer.Config{}, false, fast)
 
@@ -386,9 +379,11 @@ func benchSlowPartition(b *testing.B) {
 		for _, r := range recs {
 			r.Partition = spread(r)
 		}
-		slow := slowOnes()
-		for _, r := range slow {
+		var slow []*kgo.Record
+		for seq := int64(1); seq <= 50; seq++ {
+			r := rec("slow", seq, fmt.Sprintf("slow-%d", seq))
 			r.Partition = 3
+			slow = append(slow, r)
 		}
 		mixed := rig.newRun(b, 4, append(recs, slow...), func(r *kgo.Record) int32 { return r.Partition })
 		mixed.count, mixed.want = isFast, fast
@@ -413,11 +408,7 @@ func benchVersusLoop(b *testing.B) {
 	for b.Loop() {
 		rig := newRunnerRig(b, 24)
 		const n = 16000
-		spread := func(r *kgo.Record) int32 {
-			h := fnv.New32a()
-			h.Write(r.Key)
-			return int32(h.Sum32() % 8)
-		}
+		spread := byKey(8)
 		rates := map[string]float64{}
 		for _, run := range []struct {
 			name         string
