@@ -19,11 +19,16 @@ import (
 // ClientOpts are the options a client needs to be given to New, on top of
 // the user's own (seed brokers, kgo.ConsumerGroup, kgo.ConsumeTopics):
 // offsets are committed by the Consumer after the database commit, never
-// automatically, and the group's revocations and losses of partitions go
-// to the Consumer running on the client, which finishes or abandons their
-// records before the partitions move on (see Consumer).
+// automatically; the group's revocations and losses of partitions go to
+// the Consumer running on the client, which finishes or abandons their
+// records before the partitions move on (see Consumer); and a rebalance
+// waits until the records of the poll before it are in their lanes
+// (kgo.BlockRebalanceOnPoll), so that a poll never hands the Consumer
+// records of a partition it no longer owns, or stale ones of a partition
+// that came back.
 func ClientOpts() []kgo.Opt {
-	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.OnPartitionsRevoked(onRevoked), kgo.OnPartitionsLost(onLost)}
+	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsRevoked(onRevoked), kgo.OnPartitionsLost(onLost)}
 }
 
 // Consumer runs a Processor over a franz-go consumer group. Each assigned
@@ -54,7 +59,11 @@ func ClientOpts() []kgo.Opt {
 // lanes stop taking records, the records in flight get Config.ShutdownGrace
 // to finish, after which their handlers' contexts are cancelled and their
 // transactions rolled back, and the lanes' offsets are committed before the
-// group goes on: no record is in two members' handlers at once. When
+// group goes on: no record is in two members' handlers at once. The poll
+// loop blocks the group's rebalances only while it hands a poll's records
+// to their lanes, never while handlers run; while a revocation's callback
+// waits for its records, the other lanes go on with what they hold but
+// receive nothing new. When
 // partitions are lost (this member missed its session timeout and another
 // may own them already), their records in flight are abandoned at once and
 // nothing is committed for them; dedupe keeps effects single.
@@ -65,22 +74,13 @@ type Consumer struct {
 	client *kgo.Client
 	cfg    Config
 	log    *slog.Logger
-	// blocking says the client was made with kgo.BlockRebalanceOnPoll,
-	// which Run then allows after every poll: the lanes make it useless,
-	// and without AllowRebalance it would stop every rebalance.
-	blocking bool
 	// running guards against two Runs.
 	running atomic.Bool
 
-	// mu guards lanes, gen and revokedAt; take it before a lane's mu,
-	// never after.
+	// mu guards lanes and closing; take it before a lane's mu, never
+	// after.
 	mu    sync.Mutex
 	lanes map[partition]*lane
-	// gen counts revocations and losses; revokedAt holds the gen at which
-	// each partition last went. A poll begun before that drops the
-	// partition's records: they were fetched under the old assignment.
-	gen       uint64
-	revokedAt map[partition]uint64
 	// closing is set when Run ends: no lane is made after it.
 	closing bool
 	// commitMu makes commits one at a time, so that a periodic commit
@@ -96,8 +96,9 @@ type partition struct {
 
 // New returns a Consumer that applies the records of client's group through
 // h for the consumer name. See Handle for db and name. New fails if the
-// client has no consumer group, has auto-commit enabled, or does not route
-// its rebalances to the Consumer; the error says which option to add. To
+// client has no consumer group, has auto-commit enabled, does not block
+// rebalances on poll, or does not route its rebalances to the Consumer;
+// the error says which option to add. To
 // check the last, New calls the client's OnPartitionsRevoked and
 // OnPartitionsLost callbacks once each with no partitions.
 func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consumer, error) {
@@ -110,6 +111,9 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if off, _ := client.OptValue(kgo.DisableAutoCommit).(bool); !off {
 		return nil, errors.New("consumer: client has auto-commit enabled; create it with kgo.DisableAutoCommit() (see consumer.ClientOpts): offsets must be committed only after the database commit")
 	}
+	if block, _ := client.OptValue(kgo.BlockRebalanceOnPoll).(bool); !block {
+		return nil, errors.New("consumer: client does not block rebalances on poll; create it with kgo.BlockRebalanceOnPoll() (see consumer.ClientOpts): without it a poll can return records of a partition the group has just moved")
+	}
 	if !routesToConsumer(client) {
 		return nil, errors.New("consumer: client's OnPartitionsRevoked and OnPartitionsLost are not the Consumer's; create the client with consumer.ClientOpts() and no callbacks of its own: the Consumer must finish a revoked partition's records and commit its offsets before the group moves it")
 	}
@@ -117,9 +121,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if err != nil {
 		return nil, err
 	}
-	block, _ := client.OptValue(kgo.BlockRebalanceOnPoll).(bool)
-	return &Consumer{proc: p, client: client, cfg: p.cfg, log: p.log, blocking: block,
-		lanes: map[partition]*lane{}, revokedAt: map[partition]uint64{}}, nil
+	return &Consumer{proc: p, client: client, cfg: p.cfg, log: p.log, lanes: map[partition]*lane{}}, nil
 }
 
 // Processor returns the consumer's Processor, for Replay, Discard and
@@ -180,14 +182,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // poll feeds the lanes until ctx ends (nil) or the client is closed
-// (ErrClosed).
+// (ErrClosed). Between a poll and its AllowRebalance the group cannot
+// revoke anything, so every record polled is of a partition this member
+// owns, fetched under its current assignment.
 func (c *Consumer) poll(ctx context.Context) error {
 	for {
-		c.mu.Lock()
-		gen := c.gen
-		c.mu.Unlock()
 		fetches := c.client.PollRecords(ctx, c.cfg.MaxPollRecords)
 		if fetches.IsClientClosed() {
+			// A poll of a closed client counts as a poll too: without
+			// this, the client's LeaveGroup would wait for it forever.
+			c.client.AllowRebalance()
 			return ErrClosed
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
@@ -200,11 +204,10 @@ func (c *Consumer) poll(ctx context.Context) error {
 			if len(p.Records) == 0 {
 				return
 			}
-			tp := partition{p.Topic, p.Partition}
-
-			if c.revokedAt[tp] > gen || c.closing {
+			if c.closing {
 				return
 			}
+			tp := partition{p.Topic, p.Partition}
 			l := c.lanes[tp]
 			if l == nil {
 				l = newLane(c, tp)
@@ -213,9 +216,7 @@ func (c *Consumer) poll(ctx context.Context) error {
 			l.add(p.Records)
 		})
 		c.mu.Unlock()
-		if c.blocking {
-			c.client.AllowRebalance()
-		}
+		c.client.AllowRebalance()
 		if ctx.Err() != nil {
 			return nil
 		}

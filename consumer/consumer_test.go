@@ -31,7 +31,8 @@ func TestNewRefusesUnsafeClients(t *testing.T) {
 	}{
 		{"NoGroup", []kgo.Opt{kgo.ConsumeTopics("t")}, "kgo.ConsumerGroup"},
 		{"AutoCommit", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.BlockRebalanceOnPoll()}, "client has auto-commit enabled; create it with kgo.DisableAutoCommit()"},
-		{"NoCallbacks", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.DisableAutoCommit()}, "consumer.ClientOpts()"},
+		{"NoBlockOnPoll", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.DisableAutoCommit()}, "create it with kgo.BlockRebalanceOnPoll()"},
+		{"NoCallbacks", []kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t"), kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll()}, "consumer.ClientOpts()"},
 		{"OwnCallback", append(append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")}, consumer.ClientOpts()...), kgo.OnPartitionsRevoked(func(context.Context, *kgo.Client, map[string][]int32) {})), "consumer.ClientOpts()"},
 		{"Safe", append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")}, consumer.ClientOpts()...), ""},
 	}

@@ -226,3 +226,35 @@ func TestLostPartitionsAbandonWorkAtOnce(t *testing.T) {
 	require.Equal(t, len(recs), rows)
 	require.Equal(t, len(recs), distinct)
 }
+
+// A partition that leaves this member and comes back while the member's
+// poll waits (no records anywhere) is consumed from its committed offset
+// when records arrive: the records of the poll that spanned the move are
+// the new assignment's, not stale ones to drop.
+func TestPartitionBackDuringAPollIsConsumed(t *testing.T) {
+	t.Parallel()
+	for _, md := range runnerModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			b := newGroupBundle(t, 2)
+			h := md.handler(b.effects)
+			cfg := md.config(b.db)
+			cfg.CommitInterval = 20 * time.Millisecond
+			a := b.start(t, h, cfg)
+			eventually.True(t, 30*time.Second, b.stableWith(t, 1), "the first member owns both partitions")
+			other := b.start(t, h, cfg)
+			eventually.True(t, 30*time.Second, b.stableWith(t, 2), "a partition moved to the second member")
+			other.stop(t)
+			eventually.True(t, 30*time.Second, b.stableWith(t, 1), "the partition came back to the first member")
+
+			recs := stream(4, 40)
+			b.produceTo(t, 0, recs[:20]...)
+			b.produceTo(t, 1, recs[20:]...)
+			eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == int64(len(recs)) }, "both partitions applied and committed")
+			a.stop(t)
+			rows, distinct := b.effects.count(t)
+			require.Equal(t, len(recs), rows)
+			require.Equal(t, rows, distinct)
+		})
+	}
+}

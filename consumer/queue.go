@@ -18,7 +18,8 @@ type queue struct {
 	// busy counts, per order key, the records of it in flight.
 	busy map[string]int
 	// highest is the highest offset received: a record at or below it is
-	// one the queue has had already, in a fetch from before a rebalance.
+	// one the queue has had already (a fetch that overlapped an earlier
+	// one) and is not queued twice.
 	highest int64
 	// done is the last record of the done prefix, nil before the first.
 	done *kgo.Record

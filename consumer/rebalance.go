@@ -78,12 +78,10 @@ func probed(ctx context.Context) bool {
 // leave takes the lanes of parts out of the Consumer and retires them.
 func (c *Consumer) leave(ctx context.Context, parts map[string][]int32, lost bool) {
 	c.mu.Lock()
-	c.gen++
 	var lanes []*lane
 	for topic, nums := range parts {
 		for _, n := range nums {
 			tp := partition{topic, n}
-			c.revokedAt[tp] = c.gen
 			if l := c.lanes[tp]; l != nil {
 				lanes = append(lanes, l)
 				delete(c.lanes, tp)
