@@ -165,9 +165,16 @@ func Check(ctx context.Context, cfg Config) error {
 	}
 	samples := describe(cfg.Records)
 	h := &harness{cfg: &cfg, ccfg: ccfg, pool: pool, logTable: logTable, samples: samples, tag: randomHex(4)}
+	if _, ok := cfg.Handler.(consumer.BatchHandler); ok {
+		// Drawn schedules may roll every batch back to one record per
+		// transaction; this one always runs HandleBatch to its commit.
+		if err := h.check(ctx, seed, newSchedule(nil, samples, ccfg, true)); err != nil {
+			return err
+		}
+	}
 	for i := range runs {
 		s := seed + uint64(i)
-		sc := newSchedule(rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15)), samples, ccfg) //nolint:gosec // seeded so that a failure can be replayed
+		sc := newSchedule(rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15)), samples, ccfg, false) //nolint:gosec // seeded so that a failure can be replayed
 		if err := h.check(ctx, s, sc); err != nil {
 			return err
 		}
@@ -397,6 +404,9 @@ func (h *harness) runMode(ctx context.Context, seed uint64, sc *schedule, mode s
 		return nil, "", fmt.Errorf("consumertest: Reset: %w", err)
 	}
 	name := fmt.Sprintf("consumertest-%s-%d-%s", h.tag, seed, mode)
+	if sc.plain {
+		name += "-plain"
+	}
 	w := &wrapper{user: h.cfg.Handler, name: name, logTable: h.logTable, n: len(h.samples), faults: sc.faults, calls: map[int]int{}}
 	var hd consumer.Handler = w
 	if bh, ok := h.cfg.Handler.(consumer.BatchHandler); ok {

@@ -39,7 +39,10 @@
 //     when it is set, differs. With a consumer.BatchHandler, ProcessBatch
 //     applies a batch through HandleBatch, so this is where a HandleBatch
 //     that does not have exactly the effect of Handle for each message
-//     shows.
+//     shows. Because a drawn schedule may roll every batch back to one
+//     record per transaction, a BatchHandler also gets a plain schedule
+//     before the drawn ones: every record once, in order, in one batch,
+//     without faults.
 //
 // Every run draws its schedule from a seed, printed in the failure
 // together with the run; set OUTBOX_CONSUMERTEST_SEED (or Config.Seed) to

@@ -23,6 +23,7 @@ type step struct {
 
 // schedule is one drawn way of delivering the samples.
 type schedule struct {
+	plain  bool
 	plan   []step
 	faults map[int]fault
 	steps  []string
@@ -34,8 +35,9 @@ type schedule struct {
 // polls of one to five records, with restarts between polls; and faults
 // after the handler for some samples, fewer tries than MaxAttempts (so the
 // record ends applied) or every try until the end (so it is dead-lettered
-// and then replayed).
-func newSchedule(rng *rand.Rand, samples []sample, cfg consumer.Config) *schedule {
+// and then replayed). A plain schedule has none of that: every sample
+// once, in order, in one poll, without faults.
+func newSchedule(rng *rand.Rand, samples []sample, cfg consumer.Config, plain bool) *schedule {
 	n := len(samples)
 	sc := &schedule{faults: map[int]fault{}}
 	describe := func(x int) string {
@@ -92,6 +94,14 @@ func newSchedule(rng *rand.Rand, samples []sample, cfg consumer.Config) *schedul
 		if !slices.Contains(first, i) {
 			rest = append(rest, i)
 		}
+	}
+	if plain {
+		sc.plain = true
+		sc.steps = append([]string{"plain schedule (before the drawn ones): no faults, in order, one batch"}, sc.steps...)
+		if len(rest) > 0 {
+			addPoll(rest)
+		}
+		return sc
 	}
 	if len(rest) > 1 {
 		for k := rng.IntN(len(rest)/2 + 1); k > 0; k-- { // neighbours swapped
