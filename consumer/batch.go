@@ -144,7 +144,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) batchOutc
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	defer p.track(ctx, tx)()
 
-	res, moves, ok := planBatch(msgs, freshKeys)
+	res, moves, ok := planBatch(msgs, freshKeys, p.ordered)
 	if !ok {
 		return offPath
 	}
@@ -194,7 +194,7 @@ type aggregateMove struct {
 // first place only) and the moves of the aggregates of the fresh ones, in
 // order of first appearance. ok false when an aggregate's fresh records
 // are not consecutive.
-func planBatch(msgs []*Message, freshKeys []string) ([]Result, []aggregateMove, bool) {
+func planBatch(msgs []*Message, freshKeys []string, ordered func(*Message) bool) ([]Result, []aggregateMove, bool) {
 	fresh := make(map[string]bool, len(freshKeys))
 	for _, k := range freshKeys {
 		fresh[k] = true
@@ -209,7 +209,7 @@ func planBatch(msgs []*Message, freshKeys []string) ([]Result, []aggregateMove, 
 		}
 		delete(fresh, m.IdempotencyKey)
 		res[i] = Result{Outcome: Applied, Attempts: 1}
-		if !m.HasSeq() {
+		if !ordered(m) {
 			continue
 		}
 		agg := m.aggregate()

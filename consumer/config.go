@@ -60,6 +60,13 @@ type Config struct {
 	// ProcessBatch, and BatchHandler for a handler that applies a batch in
 	// one call.
 	BatchSize int
+	// Unordered declares that the handler needs no order: each record is
+	// applied once (its idempotency key is still claimed), but sequence
+	// headers are not checked, so nothing is parked behind a gap, a
+	// dead letter holds nothing back, and Message.Seq is only
+	// information. A Consumer on a share group (kgo.ShareGroup), which
+	// delivers records in no order, requires it. Default false.
+	Unordered bool
 	// Concurrency is how many records (or batches) of one partition the
 	// Consumer has in flight at once, never two of one aggregate, each
 	// aggregate's in offset order. Records without aggregate headers are

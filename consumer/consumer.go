@@ -74,6 +74,10 @@ type Consumer struct {
 	client *kgo.Client
 	cfg    Config
 	log    *slog.Logger
+	// share says the client is in a share group (see shareLoop); paused
+	// makes its fetching stop once.
+	share  bool
+	paused sync.Once
 	// running guards against two Runs.
 	running atomic.Bool
 
@@ -105,8 +109,18 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if client == nil {
 		return nil, errors.New("consumer: nil client")
 	}
+	if g, _ := client.OptValue(kgo.ShareGroup).(string); g != "" {
+		if cfg == nil || !cfg.Unordered {
+			return nil, fmt.Errorf("consumer: client is in share group %q, which hands a partition's records to many members in no order; an ordered handler cannot run on it: set Config.Unordered if the handler needs no order (each record is still applied once), or consume with kgo.ConsumerGroup", g)
+		}
+		p, err := Handle(db, name, h, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return &Consumer{proc: p, client: client, cfg: p.cfg, log: p.log, share: true}, nil
+	}
 	if g, _ := client.OptValue(kgo.ConsumerGroup).(string); g == "" {
-		return nil, errors.New("consumer: client has no consumer group; create it with kgo.ConsumerGroup(name) and kgo.ConsumeTopics(...)")
+		return nil, errors.New("consumer: client has no consumer group; create it with kgo.ConsumerGroup(name) (or kgo.ShareGroup(name), with Config.Unordered) and kgo.ConsumeTopics(...)")
 	}
 	if off, _ := client.OptValue(kgo.DisableAutoCommit).(bool); !off {
 		return nil, errors.New("consumer: client has auto-commit enabled; create it with kgo.DisableAutoCommit() (see consumer.ClientOpts): offsets must be committed only after the database commit")
@@ -158,6 +172,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stopBg()
 	if c.cfg.PruneInterval > 0 {
 		wg.Go(func() { c.pruneLoop(bg) })
+	}
+	if c.share {
+		return c.shareLoop(ctx)
 	}
 	wg.Go(func() { c.commitLoop(bg) })
 	// The drainer stops with ctx: what it has not committed is rolled back

@@ -37,7 +37,7 @@ type lane struct {
 }
 
 func newLane(c *Consumer, tp partition) *lane {
-	l := &lane{c: c, tp: tp, q: newQueue(), commitAt: -1}
+	l := &lane{c: c, tp: tp, q: newQueue(c.cfg.Unordered), commitAt: -1}
 	l.stop, l.halted = context.WithCancel(context.Background())
 	work, cancel := context.WithCancel(context.Background())
 	l.work, l.cancelWork = withOpenSet(work, &l.open), cancel

@@ -146,6 +146,13 @@ func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result,
 	return p.process(ctx, m)
 }
 
+// deadLetterRecord writes rec to the dead-letter table for cause, without
+// running its handler.
+func (p *Processor) deadLetterRecord(ctx context.Context, rec *kgo.Record, cause error) (Result, error) {
+	m, _ := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
+	return p.deadLetter(ctx, m, cause, 0)
+}
+
 func (p *Processor) process(ctx context.Context, m *Message) (Result, error) {
 	return p.processAfter(ctx, m, nil)
 }
@@ -280,8 +287,12 @@ type claimed struct {
 	parked *int
 }
 
+// ordered reports whether m's sequence is checked: it has one and the
+// Processor is not Config.Unordered.
+func (p *Processor) ordered(m *Message) bool { return m.HasSeq() && !p.cfg.Unordered }
+
 func (p *Processor) firstStatement(m *Message) (string, []any) {
-	if m.HasSeq() {
+	if p.ordered(m) {
 		return p.sql.ClaimAdvance, []any{p.name, m.AggregateType, m.AggregateID, m.Seq, m.IdempotencyKey}
 	}
 	return p.sql.ClaimOnly, []any{p.name, m.IdempotencyKey}
@@ -310,7 +321,7 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool
 			c, known = ordering.Check{Verdict: ordering.InOrder, Last: m.Seq - 1, Parked: *pre.parked}, true
 		}
 	}
-	if !m.HasSeq() {
+	if !p.ordered(m) {
 		return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
 	}
 	agg := m.aggregate()
@@ -455,7 +466,7 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, att
 			}
 			return err
 		}
-		if m.HasSeq() {
+		if p.ordered(m) {
 			return p.ordering.Hold(ctx, tx, m.aggregate(), m.Seq)
 		}
 		return nil

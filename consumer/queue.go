@@ -23,6 +23,8 @@ type queue struct {
 	highest int64
 	// done is the last record of the done prefix, nil before the first.
 	done *kgo.Record
+	// free says no record is ordered against another.
+	free bool
 }
 
 // entry is a record in a queue.
@@ -40,7 +42,9 @@ const (
 	finished
 )
 
-func newQueue() *queue { return &queue{busy: map[string]int{}, highest: -1} }
+// newQueue returns an empty queue; with free, every record goes freely
+// (Config.Unordered).
+func newQueue(free bool) *queue { return &queue{busy: map[string]int{}, highest: -1, free: free} }
 
 // orderKey returns what orders rec against the partition's other records:
 // its aggregate (type and id, the id taken from the record key when it has
@@ -66,7 +70,11 @@ func (q *queue) push(recs []*kgo.Record) {
 			continue
 		}
 		q.highest = r.Offset
-		q.entries = append(q.entries, &entry{rec: r, key: orderKey(r)})
+		e := &entry{rec: r}
+		if !q.free {
+			e.key = orderKey(r)
+		}
+		q.entries = append(q.entries, e)
 	}
 }
 

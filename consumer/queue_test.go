@@ -61,11 +61,15 @@ func (m *queueModel) eligible(i int) bool {
 // its records); a pick takes every record that may start, up to its
 // bound, in offset order; and the done prefix (what the lane commits) is
 // exactly the records before the first one not done. At the end every
-// record is done. A failure prints rapid's seed.
+// record is done. Half the runs are of an unordered queue
+// (Config.Unordered), where every record goes freely. A failure prints
+// rapid's seed.
 func TestQueue(t *testing.T) {
 	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
-		q := newQueue()
+		// free is Config.Unordered: no record is ordered against another.
+		free := rapid.Bool().Draw(t, "free")
+		q := newQueue(free)
 		m := &queueModel{}
 		next := int64(0)
 		key := rapid.SampledFrom([]string{"", "a", "b", "c", "d"})
@@ -89,7 +93,11 @@ func TestQueue(t *testing.T) {
 						r.Headers = []kgo.RecordHeader{{Key: outbox.HeaderAggregateID, Value: []byte(k)}}
 					}
 					recs = append(recs, r)
-					m.recs = append(m.recs, modelRec{offset: next, key: orderKey(r)})
+					mr := modelRec{offset: next, key: orderKey(r)}
+					if free {
+						mr.key = ""
+					}
+					m.recs = append(m.recs, mr)
 					next++
 				}
 				q.push(recs)

@@ -85,55 +85,13 @@ func TestWriterRelayConsumer(t *testing.T) {
 			db := pgtest.New(t, &pgtest.Opts{MaxConns: 20})
 			b := broker(t)
 			topic := topic(t, b, 4)
-			_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("effects")+` (
-				n bigint GENERATED ALWAYS AS IDENTITY, event_id text NOT NULL, aggregate text NOT NULL, seq bigint NOT NULL)`)
-			require.NoError(t, err)
-
-			// Write, in transactions of a few events each.
-			w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
-			for s := 0; s < perAggregate; s++ {
-				require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-					for a := range aggregates {
-						if _, err := w.Write(ctx, tx, producer.Event{AggregateType: "account", AggregateID: fmt.Sprint("acc-", a),
-							EventType: "credited", Payload: fmt.Appendf(nil, `{"step":%d}`, s)}); err != nil {
-							return err
-						}
-					}
-					return nil
-				}))
-			}
-
-			// Relay.
-			relayPool, err := pgxpool.New(ctx, db.Server.URL)
-			require.NoError(t, err)
-			defer relayPool.Close()
-			relay, err := producer.NewRelay(relayPool, b.Client(t), &producer.RelayConfig{Schema: db.Schema, Topic: topic, Logger: quiet})
-			require.NoError(t, err)
-			relayCtx, stopRelay := context.WithCancel(ctx)
-			relayDone := make(chan error, 1)
-			go func() { relayDone <- relay.Run(relayCtx) }()
-			const total = aggregates * perAggregate
-			published := b.Records(t, topic, total, time.Minute)
-			stopRelay()
-			if err := <-relayDone; !errors.Is(err, context.Canceled) {
-				require.NoError(t, err)
-			}
-			require.Len(t, published, total)
-
-			// Everything again, as a second delivery.
-			again := b.Client(t)
-			for _, r := range published {
-				r2 := &kgo.Record{Topic: topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: r.Headers}
-				require.NoError(t, again.ProduceSync(ctx, r2).FirstErr())
-			}
+			published := writeAndPublishTwice(ctx, t, db, b, topic, aggregates, perAggregate)
+			total := len(published)
 
 			// Two members; the second joins after the first applied some,
 			// and the first leaves before the end.
 			group := "g-" + topic
-			h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-				_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("effects")+` (event_id, aggregate, seq) VALUES ($1, $2, $3)`, m.EventID, m.AggregateID, m.Seq)
-				return err
-			})
+			h := effectsHandler(db)
 			cfg := &consumer.Config{Schema: db.Schema, BatchSize: batch, Concurrency: concurrency, Logger: quiet, MaxPollRecords: 20}
 			start := func() (stop func()) {
 				cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.Addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
@@ -153,11 +111,7 @@ func TestWriterRelayConsumer(t *testing.T) {
 					})
 				}
 			}
-			applied := func() int {
-				var n int
-				require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("effects")).Scan(&n))
-				return n
-			}
+			applied := func() int { return appliedCount(ctx, t, db) }
 			stop1 := start()
 			defer stop1()
 			eventually.True(t, time.Minute, func() bool { return applied() >= total/4 })
@@ -173,14 +127,11 @@ func TestWriterRelayConsumer(t *testing.T) {
 				}
 				var sum int64
 				offs.Each(func(o kadm.OffsetResponse) { sum += o.At })
-				return sum == 2*total
+				return sum == int64(2*total)
 			}, "all offsets committed")
 			stop2()
 
-			var rows, distinct int
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+db.Table("effects")).Scan(&rows, &distinct))
-			require.Equal(t, total, rows)
-			require.Equal(t, total, distinct)
+			requireAppliedOnce(ctx, t, db, total)
 			for a := range aggregates {
 				r, err := db.Pool.Query(ctx, `SELECT seq FROM `+db.Table("effects")+` WHERE aggregate = $1 ORDER BY n`, fmt.Sprint("acc-", a))
 				require.NoError(t, err)
@@ -192,10 +143,93 @@ func TestWriterRelayConsumer(t *testing.T) {
 				}
 				require.Equal(t, want, seqs)
 			}
-			var parked, dead int
-			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+db.Table("parked")+`), (SELECT count(*) FROM `+db.Table("dead_letters")+`)`).Scan(&parked, &dead))
-			require.Zero(t, parked)
-			require.Zero(t, dead)
+			requireNothingSetAside(ctx, t, db)
 		})
 	}
+}
+
+// writeAndPublishTwice writes perAggregate events for each of aggregates
+// accounts through producer.Write, in transactions of one event per
+// aggregate, publishes them to topic with a relay, and publishes every
+// record a second time, as a relay that crashed after sending and before
+// marking would. It returns the records the relay published.
+func writeAndPublishTwice(ctx context.Context, t *testing.T, db *pgtest.DB, b *kafkatest.Broker, topic string, aggregates, perAggregate int) []*kgo.Record {
+	t.Helper()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("effects")+` (
+		n bigint GENERATED ALWAYS AS IDENTITY, event_id text NOT NULL, aggregate text NOT NULL, seq bigint NOT NULL)`)
+	require.NoError(t, err)
+
+	// Write, in transactions of a few events each.
+	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+	for s := 0; s < perAggregate; s++ {
+		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			for a := range aggregates {
+				if _, err := w.Write(ctx, tx, producer.Event{AggregateType: "account", AggregateID: fmt.Sprint("acc-", a),
+					EventType: "credited", Payload: fmt.Appendf(nil, `{"step":%d}`, s)}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	}
+
+	// Relay.
+	relayPool, err := pgxpool.New(ctx, db.Server.URL)
+	require.NoError(t, err)
+	defer relayPool.Close()
+	relay, err := producer.NewRelay(relayPool, b.Client(t), &producer.RelayConfig{Schema: db.Schema, Topic: topic, Logger: quiet})
+	require.NoError(t, err)
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(relayCtx) }()
+	total := aggregates * perAggregate
+	published := b.Records(t, topic, total, time.Minute)
+	stopRelay()
+	if err := <-relayDone; !errors.Is(err, context.Canceled) {
+		require.NoError(t, err)
+	}
+	require.Len(t, published, total)
+
+	// Everything again, as a second delivery.
+	again := b.Client(t)
+	for _, r := range published {
+		r2 := &kgo.Record{Topic: topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: r.Headers}
+		require.NoError(t, again.ProduceSync(ctx, r2).FirstErr())
+	}
+	return published
+}
+
+// effectsHandler records each message's event, aggregate and sequence in
+// the effects table writeAndPublishTwice creates.
+func effectsHandler(db *pgtest.DB) consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("effects")+` (event_id, aggregate, seq) VALUES ($1, $2, $3)`, m.EventID, m.AggregateID, m.Seq)
+		return err
+	})
+}
+
+// appliedCount counts the effect rows.
+func appliedCount(ctx context.Context, t *testing.T, db *pgtest.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("effects")).Scan(&n))
+	return n
+}
+
+// requireAppliedOnce fails unless there are total effects, one per event.
+func requireAppliedOnce(ctx context.Context, t *testing.T, db *pgtest.DB, total int) {
+	t.Helper()
+	var rows, distinct int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+db.Table("effects")).Scan(&rows, &distinct))
+	require.Equal(t, total, rows)
+	require.Equal(t, total, distinct)
+}
+
+// requireNothingSetAside fails unless nothing is parked or dead-lettered.
+func requireNothingSetAside(ctx context.Context, t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	var parked, dead int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+db.Table("parked")+`), (SELECT count(*) FROM `+db.Table("dead_letters")+`)`).Scan(&parked, &dead))
+	require.Zero(t, parked)
+	require.Zero(t, dead)
 }

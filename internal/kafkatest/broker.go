@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -13,8 +14,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Broker is the Kafka cluster a test talks to.
@@ -66,6 +69,34 @@ func (b *Broker) Topic(t testing.TB, partitions int32) string {
 	resp, err := adm.CreateTopic(ctx, partitions, 1, nil, name)
 	require.NoError(t, err)
 	require.NoError(t, resp.Err)
+	return name
+}
+
+// ShareGroup names a new share group and sets its group configs: cfg on
+// top of share.auto.offset.reset=earliest, so that the group reads what
+// the test produced before it joined, and share.delivery.count.limit=5,
+// the broker's default, which kfake does not report unless it is set.
+func (b *Broker) ShareGroup(t testing.TB, cfg map[string]string) string {
+	t.Helper()
+	name := "share-" + randomHex(6)
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, name
+	set := map[string]string{"share.auto.offset.reset": "earliest", "share.delivery.count.limit": "5"}
+	maps.Copy(set, cfg)
+	for k, v := range set {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Op, c.Value = k, kmsg.IncrementalAlterConfigOpSet, &v
+		res.Configs = append(res.Configs, c)
+	}
+	req.Resources = append(req.Resources, res)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, b.Client(t))
+	require.NoError(t, err)
+	for _, r := range resp.Resources {
+		require.NoError(t, kerr.ErrorForCode(r.ErrorCode), "set the configs of share group %s", name)
+	}
 	return name
 }
 
