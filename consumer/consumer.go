@@ -69,6 +69,26 @@ func ClientOpts() []kgo.Opt {
 // nothing is committed for them; dedupe keeps effects single.
 //
 // The client must be created with ClientOpts.
+//
+// On a share group (a client made with kgo.ShareGroup; Kafka 4.2 and
+// later), the broker hands a partition's records to many members in no
+// order, so New takes only a handler that needs none (Config.Unordered).
+// Each poll's records are applied with up to Config.Concurrency at once
+// (BatchSize records of one partition together) and each is acknowledged
+// by its outcome: applied and duplicate records are accepted,
+// dead-lettered ones rejected (the dead letter keeps them for Replay). A
+// record that is not done is retried until Run stops; then it is released
+// for another delivery, or, when this was its last one
+// (share.delivery.count.limit), dead-lettered with ErrDeliveryLimit and
+// rejected, so that the broker never archives a record the consumer did
+// not see through. The next poll waits until every record of the last one
+// is acknowledged, because franz-go accepts at a poll whatever the
+// previous poll left unacknowledged. When Run stops, the client stops
+// fetching: close it soon after. A member that crashes leaves its records
+// to the broker's acquisition lock (share.record.lock.duration.ms), after
+// which they are delivered again, and dedupe skips those it applied; a
+// crash on a record's last delivery leaves it archived by the broker,
+// without a dead letter.
 type Consumer struct {
 	proc   *Processor
 	client *kgo.Client

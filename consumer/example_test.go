@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
@@ -236,6 +238,100 @@ func ExampleNew() {
 	// evt-1: payload 0
 	// evt-2: payload 1
 	// run: <nil>
+}
+
+// On a share group (Kafka 4.2 and later) the broker hands one
+// partition's records to many members, in no order, so New takes only a
+// handler that says it needs none (Config.Unordered). Each record is still
+// applied once: the second copy of evt-1 is skipped by its key and
+// accepted.
+func ExampleNew_shareGroup() {
+	ctx := context.Background()
+	db, closeDB, err := pgtest.Open(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer func() { _ = closeDB() }()
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(1, "emails"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cluster.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.DefaultProduceTopic("emails"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cl.Close()
+	// A share group starts at the latest record unless told otherwise.
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, "mailer"
+	for k, v := range map[string]string{"share.auto.offset.reset": "earliest", "share.delivery.count.limit": "5"} {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Op, c.Value = k, kmsg.IncrementalAlterConfigOpSet, &v
+		res.Configs = append(res.Configs, c)
+	}
+	req.Resources = append(req.Resources, res)
+	if _, err := req.RequestWith(ctx, cl); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, id := range []string{"evt-1", "evt-2", "evt-1"} {
+		r := &kgo.Record{Key: []byte("u-1"), Value: []byte("welcome"), Headers: []kgo.RecordHeader{{Key: outbox.HeaderEventID, Value: []byte(id)}}}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+
+	client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ShareGroup("mailer"), kgo.ConsumeTopics("emails"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer client.Close()
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error { return nil })
+	if _, err := consumer.New(db.Pool, client, "mailer", h, &consumer.Config{Schema: db.Schema}); err != nil {
+		fmt.Println("ordered:", strings.Contains(err.Error(), "set Config.Unordered"))
+	}
+	outcomes := make(chan string, 3)
+	c, err := consumer.New(db.Pool, client, "mailer", h, &consumer.Config{Schema: db.Schema, Unordered: true, Concurrency: 8,
+		Hooks: hookFunc(func(_ context.Context, rec *kgo.Record, r consumer.Result, _ error) {
+			outcomes <- r.Outcome.String()
+		}), Logger: quietLogger})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	counts := map[string]int{}
+	for range 3 {
+		select {
+		case o := <-outcomes:
+			counts[o]++
+		case <-time.After(30 * time.Second):
+			fmt.Println("timed out")
+		}
+	}
+	stop()
+	fmt.Println("applied:", counts["applied"], "duplicate:", counts["duplicate"])
+	fmt.Println("run:", <-done)
+	// Output:
+	// ordered: true
+	// applied: 2 duplicate: 1
+	// run: <nil>
+}
+
+// hookFunc makes a function a consumer.Hooks.
+type hookFunc func(ctx context.Context, rec *kgo.Record, res consumer.Result, err error)
+
+func (f hookFunc) OnRecord(ctx context.Context, rec *kgo.Record, res consumer.Result, err error) {
+	f(ctx, rec, res, err)
 }
 
 // A record whose handler keeps failing is dead-lettered and holds its
