@@ -33,23 +33,7 @@ import (
 // ones after it are not done and must be processed again; the results
 // returned are those of the records before it.
 func (p *Processor) ProcessBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {
-	res, err := p.processBatch(ctx, recs)
-	p.report(ctx, recs, res, err)
-	return res, err
-}
-
-// report tells the hooks what became of recs: res for the first len(res),
-// err for the next one.
-func (p *Processor) report(ctx context.Context, recs []*kgo.Record, res []Result, err error) {
-	if p.cfg.Hooks == nil {
-		return
-	}
-	for i, r := range res {
-		p.cfg.Hooks.OnRecord(ctx, recs[i], r, nil)
-	}
-	if err != nil && len(res) < len(recs) {
-		p.cfg.Hooks.OnRecord(ctx, recs[len(res)], Result{}, err)
-	}
+	return p.tracedBatch(ctx, recs, p.processBatch)
 }
 
 func (p *Processor) processBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {

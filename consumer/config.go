@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -101,22 +100,11 @@ type Config struct {
 	// ends its transaction's database session (the server rolls it back)
 	// and goes on without waiting for it. Default 10s.
 	ShutdownGrace time.Duration
-	// Hooks observes every record's outcome, for metrics and tracing
-	// adapters. Default nil.
-	Hooks Hooks
+	// Tracer observes each record's processing (and each batch's, when it
+	// is a BatchTracer), for tracing and metrics adapters. Default nil.
+	Tracer Tracer
 	// Logger receives the runtime's logs. Default slog.Default().
 	Logger *slog.Logger
-}
-
-// Hooks observes processing, so that metrics and tracing live in adapters
-// and the core imports neither. Implementations must be safe for
-// concurrent use and fast: they run on the goroutine that applies the
-// record.
-type Hooks interface {
-	// OnRecord is called once per record that Process or ProcessBatch is
-	// done with (err nil; res says how: applied, duplicate, parked,
-	// dead-lettered) or hands back undone (err not nil).
-	OnRecord(ctx context.Context, rec *kgo.Record, res Result, err error)
 }
 
 func (c *Config) withDefaults() (Config, error) {

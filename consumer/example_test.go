@@ -299,9 +299,7 @@ func ExampleNew_shareGroup() {
 	}
 	outcomes := make(chan string, 3)
 	c, err := consumer.New(db.Pool, client, "mailer", h, &consumer.Config{Schema: db.Schema, Unordered: true, Concurrency: 8,
-		Hooks: hookFunc(func(_ context.Context, rec *kgo.Record, r consumer.Result, _ error) {
-			outcomes <- r.Outcome.String()
-		}), Logger: quietLogger})
+		Tracer: endFunc(func(r consumer.Result) { outcomes <- r.Outcome.String() }), Logger: quietLogger})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -327,11 +325,15 @@ func ExampleNew_shareGroup() {
 	// run: <nil>
 }
 
-// hookFunc makes a function a consumer.Hooks.
-type hookFunc func(ctx context.Context, rec *kgo.Record, res consumer.Result, err error)
+// endFunc is a consumer.Tracer that passes each outcome to a function.
+type endFunc func(consumer.Result)
 
-func (f hookFunc) OnRecord(ctx context.Context, rec *kgo.Record, res consumer.Result, err error) {
-	f(ctx, rec, res, err)
+func (endFunc) TraceRecordStart(ctx context.Context, _ *kgo.Record) context.Context { return ctx }
+
+func (f endFunc) TraceRecordEnd(_ context.Context, _ *kgo.Record, res consumer.Result, err error) {
+	if err == nil {
+		f(res)
+	}
 }
 
 // A record whose handler keeps failing is dead-lettered and holds its

@@ -131,9 +131,9 @@ func TestKilledMemberResumesAtLowestRecordNotDone(t *testing.T) {
 	exited <- nil // for the cleanup
 	require.EqualValues(t, 10, b.committedAt(t, 0), "never committed past the held record")
 
-	hooks := &counter{outcomes: map[consumer.Outcome]int{}}
+	hooks := &counter{outcomes: map[consumer.Outcome]int{}, open: map[*kgo.Record]int{}}
 	cfg := fastConfig(b.db, 1)
-	cfg.Concurrency, cfg.Hooks = 16, hooks
+	cfg.Concurrency, cfg.Tracer = 16, hooks
 	r := b.start(t, b.effects, cfg)
 	eventually.True(t, 60*time.Second, func() bool { return b.committedAt(t, 0) == int64(len(recs)) }, "everything committed")
 	r.stop(t)

@@ -77,6 +77,10 @@ type Processor struct {
 	ready chan struct{}
 	// sql holds the hot path's statements; see tables.HotPath.
 	sql tables.HotPath
+	// tracer is Config.Tracer; batchTracer the same when it is a
+	// BatchTracer.
+	tracer      Tracer
+	batchTracer BatchTracer
 }
 
 // Handle returns a Processor that applies records for the consumer name
@@ -106,7 +110,9 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 		return nil, err
 	}
 	bh, _ := h.(BatchHandler)
+	bt, _ := c.Tracer.(BatchTracer)
 	return &Processor{
+		tracer: c.Tracer, batchTracer: bt,
 		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, ready: make(chan struct{}, 1),
 		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
@@ -131,11 +137,7 @@ func (p *Processor) Name() string { return p.name }
 // table in a transaction of its own, and its aggregate's later records are
 // parked behind it.
 func (p *Processor) Process(ctx context.Context, rec *kgo.Record) (Result, error) {
-	res, err := p.processRecord(ctx, rec)
-	if p.cfg.Hooks != nil {
-		p.cfg.Hooks.OnRecord(ctx, rec, res, err)
-	}
-	return res, err
+	return p.traced(ctx, rec, p.processRecord)
 }
 
 func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result, error) {

@@ -85,7 +85,7 @@ func (s *scenario) newGroup(cfg consumer.Config) *group {
 		cfg.ShutdownGrace = 5 * time.Second
 	}
 	g := &group{s: s, name: "ledger", group: "group-" + s.topic, cfg: cfg}
-	g.cfg.Hooks = g
+	g.cfg.Tracer = g
 	return g
 }
 
@@ -102,8 +102,12 @@ func (g *group) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) erro
 	return err
 }
 
-// OnRecord records skips as they happen and counts outcomes.
-func (g *group) OnRecord(_ context.Context, rec *kgo.Record, res consumer.Result, err error) {
+// TraceRecordStart is the start of a consumer.Tracer, which the group is
+// for its end.
+func (g *group) TraceRecordStart(ctx context.Context, _ *kgo.Record) context.Context { return ctx }
+
+// TraceRecordEnd records skips as they happen and counts outcomes.
+func (g *group) TraceRecordEnd(_ context.Context, rec *kgo.Record, res consumer.Result, err error) {
 	if err != nil {
 		return
 	}

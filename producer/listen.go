@@ -25,6 +25,9 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 			return
 		}
 		failures++
+		if r.trace.listener != nil {
+			r.trace.listener.TraceListener(ctx, false, err)
+		}
 		r.log.WarnContext(ctx, "relay: listener lost its connection, reconnecting; polling continues meanwhile",
 			slog.String("error", err.Error()), slog.Int("failures", failures))
 		r.sleep(ctx, nil, r.retry.Delay(failures))
@@ -41,6 +44,9 @@ func (r *Relay) listenOnce(ctx context.Context, signal, connected func()) error 
 		return err
 	}
 	connected()
+	if r.trace.listener != nil {
+		r.trace.listener.TraceListener(ctx, true, nil)
+	}
 	signal()
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {

@@ -79,8 +79,12 @@ func (l *loop) rebalanceIfDue(ctx context.Context) {
 		return
 	}
 	l.landInFlight(ctx)
-	if err := l.owner.rebalance(ctx, l.idle); err != nil {
+	err := l.owner.rebalance(ctx, l.idle)
+	if err != nil {
 		l.r.logError(ctx, "relay: rebalance buckets, will retry", err)
+	}
+	if t := l.r.trace.rebalance; t != nil && ctx.Err() == nil {
+		t.TraceRebalance(ctx, len(l.owner.owned), numBuckets, err)
 	}
 	l.nextRebalance = now.Add(l.r.cfg.RebalanceInterval)
 }
@@ -94,6 +98,10 @@ func (l *loop) rebalanceIfDue(ctx context.Context) {
 func (l *loop) claim(ctx context.Context) (batch []*claimedEvent, took time.Duration, landed bool, err error) {
 	start := time.Now()
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.r.cfg.Lease)
+	if t := l.r.trace.claim; t != nil {
+		claimCtx = t.TraceClaimStart(claimCtx)
+		defer func() { t.TraceClaimEnd(claimCtx, len(batch), err) }()
+	}
 	batch, err = l.owner.claim(claimCtx, l.inFlight.aggregates())
 	cancel()
 	took = time.Since(start)

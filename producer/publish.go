@@ -70,14 +70,14 @@ type outcome struct {
 // fails, so seq n+1 cannot land unless seq n did. That argument holds only
 // within one topic: when an aggregate's events in the batch change topic,
 // the rest of that aggregate waits for the next batch.
-func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []outcome {
+func (r *Relay) publish(ctx context.Context, batch []*claimedEvent, recs []*kgo.Record) []outcome {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	out := make([]outcome, len(batch))
 	topicOf := map[[2]string]string{}
 	var wg sync.WaitGroup
 	for i, e := range batch {
-		topic := r.topicFor(e)
+		topic := recs[i].Topic
 		out[i] = outcome{topic: topic, partition: -1}
 		agg := [2]string{e.aggregateType, e.aggregateID}
 		if first, seen := topicOf[agg]; !seen {
@@ -88,7 +88,7 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent) []outcome {
 			continue
 		}
 		wg.Add(1)
-		r.client.Produce(ctx, r.record(e, topic), func(rec *kgo.Record, err error) {
+		r.client.Produce(ctx, recs[i], func(rec *kgo.Record, err error) {
 			out[i].err, out[i].partition = err, rec.Partition
 			wg.Done()
 		})
@@ -161,16 +161,16 @@ type failure struct {
 // settle records a published batch's outcome; see settleOnce. A failure is
 // retried for up to half the lease: after that the rows' lease is what
 // keeps their aggregates on hold until they are claimed again, in order.
-func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []outcome, lease time.Time) error {
+func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []outcome, lease time.Time) (PublishResult, error) {
 	deadline := time.Now().Add(r.cfg.Lease / 2)
 	for attempt := 1; ; attempt++ {
-		err := r.settleOnce(ctx, batch, results, lease, attempt == 1)
+		res, err := r.settleOnce(ctx, batch, results, lease, attempt == 1)
 		if err == nil {
-			return nil
+			return res, nil
 		}
 		delay := r.retry.Delay(attempt)
 		if time.Now().Add(delay).After(deadline) {
-			return err
+			return res, err
 		}
 		r.log.WarnContext(ctx, "relay: record publish outcome, will retry", slog.String("error", err.Error()))
 		time.Sleep(delay)
@@ -186,7 +186,7 @@ func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []out
 // poison event must not count against healthy aggregates that share its
 // partition. Rows whose permanent failures reached MaxAttempts move to the
 // dead events.
-func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results []outcome, lease time.Time, logFailures bool) error {
+func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results []outcome, lease time.Time, logFailures bool) (PublishResult, error) {
 	var delivered, released []int64
 	var failed []failure
 	blocked := map[[2]string]bool{}
@@ -222,7 +222,7 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 	defer cancel()
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return PublishResult{}, fmt.Errorf("begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	b := &pgx.Batch{}
@@ -252,10 +252,10 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 		})
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("mark batch: %w", err)
+		return PublishResult{}, fmt.Errorf("mark batch: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit batch marks: %w", err)
+		return PublishResult{}, fmt.Errorf("commit batch marks: %w", err)
 	}
 	for _, d := range deadRows {
 		r.log.ErrorContext(ctx, "relay: event exhausted its attempts and moved to dead events; replay or discard it",
@@ -263,7 +263,7 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 			slog.String("aggregate_id", d.AggregateID), slog.Int64("seq", d.Seq),
 			slog.Bool("holds_aggregate", r.cfg.OnDead == HoldAggregate), slog.String("error", d.LastError))
 	}
-	return nil
+	return PublishResult{Delivered: len(delivered), Failed: len(failed), Dead: len(deadRows)}, nil
 }
 
 type deadMove struct {

@@ -96,6 +96,10 @@ type RelayConfig struct {
 	SessionConfig *pgx.ConnConfig
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
+	// Tracer observes publishing (and, when it implements them, claims,
+	// rebalances, the listener and pruning), for tracing and metrics
+	// adapters. Default nil.
+	Tracer RelayTracer
 }
 
 // Relay publishes committed outbox events to Kafka, at least once, and marks
@@ -118,6 +122,8 @@ type Relay struct {
 	lockKey int32
 	// health is what Health returns; the goroutine running Run stores it.
 	health atomic.Pointer[RelayHealth]
+	// trace is cfg.Tracer under each interface it implements.
+	trace relayTracers
 }
 
 // NewRelay validates cfg (nil means defaults) and returns a Relay that
@@ -200,6 +206,7 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 		sql:     newRelaySQL(c.Schema),
 		retry:   backoff.Policy{Min: c.MinBackoff, Max: c.MaxBackoff},
 		lockKey: schemaLockKey(c.Schema),
+		trace:   newRelayTracers(c.Tracer),
 	}, nil
 }
 
@@ -277,6 +284,9 @@ const (
 func (r *Relay) prune(ctx context.Context) {
 	for {
 		res, err := Prune(ctx, r.pool, &PruneConfig{Schema: r.cfg.Schema, Retention: r.cfg.Retention})
+		if r.trace.prune != nil && ctx.Err() == nil {
+			r.trace.prune.TracePrune(ctx, res, err)
+		}
 		if err != nil {
 			r.logError(ctx, "relay: prune delivered events, will retry", err)
 		} else if res != (PruneResult{}) {
@@ -334,12 +344,23 @@ func (r *Relay) launch(ctx context.Context, batch []*claimedEvent) *flight {
 	f := &flight{batch: batch, unrecorded: make(chan bool, 1)}
 	finish := context.WithoutCancel(ctx)
 	go func() {
+		recs := make([]*kgo.Record, len(batch))
+		for i, e := range batch {
+			recs[i] = r.record(e, r.topicFor(e))
+		}
+		pctx := finish
+		if r.trace.publish != nil {
+			pctx = r.trace.publish.TracePublishStart(finish, recs)
+		}
 		published := make(chan []outcome, 1)
-		go func() { published <- r.publish(finish, batch) }()
+		go func() { published <- r.publish(pctx, batch, recs) }()
 		results, lease := r.awaitPublish(finish, batch, published)
-		err := r.settle(finish, batch, results, lease)
+		res, err := r.settle(finish, batch, results, lease)
 		if err != nil {
 			r.logError(ctx, "relay: gave up recording a batch's outcome; pausing until its lease ends", err)
+		}
+		if r.trace.publish != nil {
+			r.trace.publish.TracePublishEnd(pctx, recs, res, err)
 		}
 		f.unrecorded <- err != nil
 	}()

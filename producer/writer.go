@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +33,10 @@ type WriterConfig struct {
 	// for headers; an event over them goes to the dead events. Default
 	// DefaultMaxPayloadBytes (1 MiB).
 	MaxPayloadBytes int
+	// Propagator, when set, copies the trace context of Write's ctx into
+	// each event's headers (a header the event sets itself wins), so that
+	// it travels with the event to its consumers. Default nil.
+	Propagator Propagator
 }
 
 // Writer inserts events into the outbox inside the caller's transaction.
@@ -38,6 +44,7 @@ type WriterConfig struct {
 type Writer struct {
 	maxPayload int
 	schema     string
+	propagator Propagator
 	// The statements for one event and for several, each without and with
 	// the wake-up check (see wakeGate).
 	insertOne, insertOneWake, insertMany, insertManyWake string
@@ -63,6 +70,7 @@ func NewWriter(cfg *WriterConfig) *Writer {
 	return &Writer{
 		maxPayload:     maxPayload,
 		schema:         schema,
+		propagator:     cfg.Propagator,
 		insertOne:      build(insertEventSQL, ""),
 		insertOneWake:  build(insertEventSQL, wake),
 		insertMany:     build(insertEventsSQL, ""),
@@ -169,6 +177,7 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 	if len(events) == 0 {
 		return nil, nil
 	}
+	events = w.withTraceContext(ctx, events)
 	for i := range events {
 		if err := events[i].validate(i, w.maxPayload); err != nil {
 			return nil, err
@@ -194,6 +203,27 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 		gate.quiet(sent)
 	}
 	return out, nil
+}
+
+// withTraceContext returns events with the propagator's headers for ctx
+// added to each, under the event's own; events itself when there is no
+// propagator or it adds nothing. The caller's events are not modified.
+func (w *Writer) withTraceContext(ctx context.Context, events []Event) []Event {
+	if w.propagator == nil {
+		return events
+	}
+	trace := map[string]string{}
+	w.propagator.Inject(ctx, trace)
+	if len(trace) == 0 {
+		return events
+	}
+	out := slices.Clone(events)
+	for i := range out {
+		h := maps.Clone(trace)
+		maps.Copy(h, out[i].Headers)
+		out[i].Headers = h
+	}
+	return out
 }
 
 // wakeAnswer is what the wake-up columns said: whether the write notified

@@ -511,7 +511,7 @@ func (r *run) startMember() error {
 		return err
 	}
 	c, err := consumer.New(pool, client, "soak", consumer.HandlerFunc(r.handle), &consumer.Config{
-		Schema: r.schema, Logger: r.cfg.Logger, Hooks: hooks{r}, BatchSize: 20, MaxPollRecords: 500, Concurrency: r.cfg.Concurrency,
+		Schema: r.schema, Logger: r.cfg.Logger, Tracer: skips{r}, BatchSize: 20, MaxPollRecords: 500, Concurrency: r.cfg.Concurrency,
 		MinBackoff: 5 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, ShutdownGrace: 5 * time.Second,
 	})
 	if err != nil {
@@ -550,10 +550,12 @@ func (r *run) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error 
 	return err
 }
 
-// hooks records the consumer's skips.
-type hooks struct{ r *run }
+// skips is a consumer.Tracer that records the consumer's skips.
+type skips struct{ r *run }
 
-func (h hooks) OnRecord(_ context.Context, rec *kgo.Record, res consumer.Result, err error) {
+func (skips) TraceRecordStart(ctx context.Context, _ *kgo.Record) context.Context { return ctx }
+
+func (h skips) TraceRecordEnd(_ context.Context, rec *kgo.Record, res consumer.Result, err error) {
 	if err != nil || res.Outcome != consumer.Duplicate {
 		return
 	}
