@@ -1,0 +1,103 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
+)
+
+// Health is what a consumer has set aside or kept, read from its tables,
+// for dashboards and alerts. Alert on any open dead letter and on OldestGap
+// growing (a record parked behind a gap that does not fill); compare
+// OldestKey with the topics' retention: a record redelivered after its key
+// was pruned is applied again.
+type Health struct {
+	// Letters counts the open dead letters by topic and reason.
+	Letters []LetterCount
+	// ParkedAggregates counts the aggregates with records parked behind a
+	// gap or a dead letter, ParkedRecords those records.
+	ParkedAggregates, ParkedRecords int64
+	// OldestGap is how long the oldest parked record has waited; zero when
+	// none is parked.
+	OldestGap time.Duration
+	// ProcessedKeys counts the processed keys kept for dedupe; OldestKey is
+	// the age of the oldest, zero when there is none.
+	ProcessedKeys int64
+	OldestKey     time.Duration
+}
+
+// LetterCount is how many open dead letters of a topic have one reason,
+// and how long the oldest has been open.
+type LetterCount struct {
+	Topic string
+	// Reason is the class of the letter's error, one of a fixed few:
+	// "handler" (the handler failed), "panic", "timeout" (over
+	// HandlerTimeout), "sequence" (a reused or passed sequence), "input"
+	// (the record breaks the wire contract) and "delivery_limit" (a share
+	// group's last delivery, see ErrDeliveryLimit).
+	Reason string
+	Count  int64
+	Oldest time.Duration
+}
+
+// readHealthSQL classifies a letter by how the SDK words the error it
+// writes; an error the SDK did not word is the handler's.
+const readHealthSQL = `
+SELECT topic, reason, count(*), extract(epoch FROM now() - min(first_failed_at))::float8
+FROM (SELECT topic, first_failed_at,
+             CASE WHEN error LIKE 'consumer: handler panicked%' THEN 'panic'
+                  WHEN error LIKE 'consumer: handler did not finish within%' THEN 'timeout'
+                  WHEN error LIKE 'consumer: not done on the share group''s last delivery%' THEN 'delivery_limit'
+                  WHEN error LIKE 'consumer: sequence %' THEN 'sequence'
+                  WHEN error LIKE 'consumer: %' THEN 'input'
+                  ELSE 'handler' END AS reason
+      FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead') l
+GROUP BY topic, reason ORDER BY topic, reason`
+
+const readKeptSQL = `
+SELECT (SELECT count(DISTINCT (aggregate_type, aggregate_id)) FROM {schema}.parked WHERE consumer = $1),
+       (SELECT count(*) FROM {schema}.parked WHERE consumer = $1),
+       coalesce(extract(epoch FROM now() - (SELECT min(parked_at) FROM {schema}.parked WHERE consumer = $1)), 0)::float8,
+       (SELECT count(*) FROM {schema}.processed_keys WHERE consumer = $1),
+       coalesce(extract(epoch FROM now() - (SELECT min(processed_at) FROM {schema}.processed_keys WHERE consumer = $1)), 0)::float8`
+
+// ReadHealth reads the health of the consumer name in schema ("" means
+// outbox.DefaultSchema). It counts rows, so sample it at a low rate (once
+// a minute, say), not per scrape of a busy exporter.
+func ReadHealth(ctx context.Context, db DB, schema, name string) (Health, error) {
+	if schema == "" {
+		schema = outbox.DefaultSchema
+	}
+	var h Health
+	rows, err := db.Query(ctx, tables.Fill(readHealthSQL, schema), name)
+	if err != nil {
+		return Health{}, fmt.Errorf("consumer: read health: %w", err)
+	}
+	for rows.Next() {
+		var (
+			l      LetterCount
+			oldest float64
+		)
+		if err := rows.Scan(&l.Topic, &l.Reason, &l.Count, &oldest); err != nil {
+			rows.Close()
+			return Health{}, fmt.Errorf("consumer: read health: %w", err)
+		}
+		l.Oldest = seconds(oldest)
+		h.Letters = append(h.Letters, l)
+	}
+	if err := rows.Err(); err != nil {
+		return Health{}, fmt.Errorf("consumer: read health: %w", err)
+	}
+	var gap, key float64
+	if err := db.QueryRow(ctx, tables.Fill(readKeptSQL, schema), name).
+		Scan(&h.ParkedAggregates, &h.ParkedRecords, &gap, &h.ProcessedKeys, &key); err != nil {
+		return Health{}, fmt.Errorf("consumer: read health: %w", err)
+	}
+	h.OldestGap, h.OldestKey = seconds(gap), seconds(key)
+	return h, nil
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
