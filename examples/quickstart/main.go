@@ -3,7 +3,8 @@
 // committed events to Kafka, and a consumer whose handler applies each
 // event through consumer.Handle: once, in order, in the same transaction as
 // its effect. A rolled-back order shows that its event never leaves; a
-// second delivery of every record shows duplicates skipped.
+// second delivery of every record shows duplicates skipped; at the end it
+// prints what it measured through the SDK's tracing hooks.
 //
 //	go run ./examples/quickstart
 //
@@ -82,7 +83,9 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 
 	// The relay publishes in the background until the context ends.
-	relay, err := producer.NewRelay(pool, client, &producer.RelayConfig{Topic: topic, Logger: logger})
+	// The meter counts and times through the SDK's tracing hooks.
+	m := newMeter()
+	relay, err := producer.NewRelay(pool, client, &producer.RelayConfig{Topic: topic, Logger: logger, Tracer: m})
 	if err != nil {
 		return err
 	}
@@ -127,7 +130,7 @@ func run(ctx context.Context, out io.Writer) error {
 			}
 			_, err := tx.Exec(ctx, `INSERT INTO revenue (order_id, cents) VALUES ($1, $2)`, m.AggregateID, placed.TotalCents)
 			return err
-		}), &consumer.Config{Logger: logger})
+		}), &consumer.Config{Logger: logger, Tracer: m})
 	if err != nil {
 		return err
 	}
@@ -176,6 +179,7 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 	}
 	fmt.Fprintf(out, "health: undelivered=%d oldest=%s dead=%d\n", h.Undelivered, h.OldestUndelivered.Round(time.Millisecond), h.Dead)
+	m.print(out)
 	return nil
 }
 

@@ -25,4 +25,6 @@ func TestQuickstart(t *testing.T) {
 	require.Equal(t, 3, strings.Count(got, "-> duplicate\n"), got)
 	require.Contains(t, got, "revenue: 3 orders, 7000 cents", got)
 	require.Contains(t, got, "health: undelivered=0 oldest=0s dead=0", got)
+	require.Regexp(t, `measured: relay delivered 3, failed 0, dead 0, in \d+ batch\(es\); write-to-ack median \S+, max \S+\n`, got)
+	require.Contains(t, got, "measured: consumer 3 applied, 3 duplicate; per record median", got)
 }
