@@ -168,7 +168,8 @@ func (t *Tracker) Check(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64
 	if seq < 1 {
 		return Check{}, fmt.Errorf("ordering: sequence %d of %s is below 1", seq, agg)
 	}
-	for range 2 {
+	created := false
+	for range 3 {
 		sql, args := t.advanceSQL(agg, seq)
 		var parked int
 		err := tx.QueryRow(ctx, sql, args...).Scan(&parked)
@@ -181,11 +182,23 @@ func (t *Tracker) Check(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64
 		var last int64
 		err = tx.QueryRow(ctx, t.pos.Lock, t.consumer, agg.Type, agg.ID).Scan(&last, &parked)
 		if errors.Is(err, pgx.ErrNoRows) {
-			// Never seen and not accepted as a baseline: strict.
 			if seq == 1 || t.cfg.FirstSeen == FirstSeenBaseline {
 				continue // a concurrent transaction rolled back its insert; retry
 			}
-			return t.gap(ctx, tx, agg, 0, seq, 0)
+			if created {
+				return Check{}, fmt.Errorf("ordering: position of %s vanished after it was created", agg)
+			}
+			// Never seen and not accepted as a baseline: strict. But
+			// another transaction may be creating the position right
+			// now (a batch moving it from nothing to any sequence), and
+			// its row is invisible until it commits. Creating the row at
+			// 0 waits for it; the verdict is then taken again on what it
+			// committed, or on the row created here.
+			if _, err := tx.Exec(ctx, t.pos.Hold, t.consumer, agg.Type, agg.ID, 0); err != nil {
+				return Check{}, fmt.Errorf("ordering: create position: %w", err)
+			}
+			created = true
+			continue
 		}
 		if err != nil {
 			return Check{}, fmt.Errorf("ordering: lock position: %w", err)

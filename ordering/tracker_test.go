@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/ordering"
 )
@@ -333,4 +335,54 @@ func TestTracker(t *testing.T) {
 		require.NoError(t, <-errc)
 		require.Equal(t, ordering.Duplicate, (<-done).Verdict)
 	})
+}
+
+// A first sighting ahead of a gap reads no position; a transaction that is
+// creating the aggregate's position at that moment (a batch moving it from
+// nothing to seq 5 at once) may commit before the sighting parks. The
+// verdict must be taken on what that transaction committed: seq 6 is then
+// next in line, not parked behind a gap nobody will fill.
+func TestFirstSightingWaitsForAPositionBeingCreated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, nil)
+	tr, err := ordering.New("svc", &ordering.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	a := ordering.Aggregate{Type: "order", ID: "o-1"}
+
+	batch, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = batch.Rollback(ctx) }()
+	for seq := int64(1); seq <= 5; seq++ {
+		c, err := tr.Check(ctx, batch, a, seq)
+		require.NoError(t, err)
+		require.Equal(t, ordering.InOrder, c.Verdict)
+	}
+
+	sighting, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = sighting.Rollback(ctx) }()
+	var pid uint32
+	require.NoError(t, sighting.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	verdict := make(chan ordering.Check, 1)
+	go func() {
+		c, err := tr.Check(ctx, sighting, a, 6)
+		if err != nil {
+			c.Verdict = -1
+		}
+		verdict <- c
+	}()
+	eventually.True(t, 30*time.Second, func() bool {
+		if len(verdict) > 0 {
+			return true // decided without waiting: the bug, shown below
+		}
+		var waiting bool
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT coalesce((SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1), false)`, pid).Scan(&waiting))
+		return waiting
+	}, "the sighting decided or waits for the batch")
+	require.NoError(t, batch.Commit(ctx))
+	c := <-verdict
+	require.Equal(t, ordering.InOrder, c.Verdict, "seq 6 follows the batch's seq 5")
+	require.EqualValues(t, 5, c.Last)
+	require.NoError(t, sighting.Commit(ctx))
 }
