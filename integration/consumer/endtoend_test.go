@@ -93,32 +93,9 @@ func TestWriterRelayConsumer(t *testing.T) {
 			group := "g-" + topic
 			h := effectsHandler(db)
 			cfg := &consumer.Config{Schema: db.Schema, BatchSize: batch, Concurrency: concurrency, Logger: quiet, MaxPollRecords: 20}
-			start := func() (stop func()) {
-				cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.Addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
-					kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond)}, consumer.ClientOpts()...)...)
-				require.NoError(t, err)
-				c, err := consumer.New(db.Pool, cl, "ledger", h, cfg)
-				require.NoError(t, err)
-				runCtx, cancel := context.WithCancel(ctx)
-				done := make(chan error, 1)
-				go func() { done <- c.Run(runCtx) }()
-				var once sync.Once
-				return func() {
-					once.Do(func() {
-						cancel()
-						require.NoError(t, <-done)
-						cl.Close()
-					})
-				}
-			}
-			applied := func() int { return appliedCount(ctx, t, db) }
-			stop1 := start()
-			defer stop1()
-			eventually.True(t, time.Minute, func() bool { return applied() >= total/4 })
-			stop2 := start()
-			defer stop2()
-			eventually.True(t, time.Minute, func() bool { return applied() >= total/2 })
-			stop1()
+			opts := append([]kgo.Opt{kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, consumer.ClientOpts()...)
+			stop2 := comeAndGo(ctx, t, db, b, total, h, cfg, opts...)
 			adm := kadm.NewClient(b.Client(t))
 			eventually.True(t, 2*time.Minute, func() bool {
 				offs, err := adm.FetchOffsets(ctx, group)
@@ -146,6 +123,40 @@ func TestWriterRelayConsumer(t *testing.T) {
 			requireNothingSetAside(ctx, t, db)
 		})
 	}
+}
+
+// comeAndGo runs two members of a group, each a client with opts: the
+// second joins after the first applied a quarter of total events, and the
+// first leaves after half were applied. It returns the stop of the second,
+// which is also called when the test ends.
+func comeAndGo(ctx context.Context, t *testing.T, db *pgtest.DB, b *kafkatest.Broker, total int, h consumer.Handler, cfg *consumer.Config, opts ...kgo.Opt) (stop2 func()) {
+	t.Helper()
+	start := func() (stop func()) {
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.Addrs...), kgo.FetchMaxWait(100 * time.Millisecond)}, opts...)...)
+		require.NoError(t, err)
+		c, err := consumer.New(db.Pool, cl, "ledger", h, cfg)
+		require.NoError(t, err)
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		var once sync.Once
+		stop = func() {
+			once.Do(func() {
+				cancel()
+				require.NoError(t, <-done)
+				cl.Close()
+			})
+		}
+		t.Cleanup(stop)
+		return stop
+	}
+	applied := func() int { return appliedCount(ctx, t, db) }
+	stop1 := start()
+	eventually.True(t, time.Minute, func() bool { return applied() >= total/4 }, "a quarter applied by the first member")
+	stop2 = start()
+	eventually.True(t, time.Minute, func() bool { return applied() >= total/2 }, "half applied by both")
+	stop1()
+	return stop2
 }
 
 // writeAndPublishTwice writes perAggregate events for each of aggregates

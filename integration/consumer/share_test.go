@@ -2,11 +2,9 @@ package consumer_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -36,31 +34,7 @@ func TestWriterRelayShareGroup(t *testing.T) {
 			total := len(published)
 			group := b.ShareGroup(t, nil)
 			cfg := &consumer.Config{Schema: db.Schema, BatchSize: run.batch, Concurrency: run.concurrency, Unordered: true, Logger: quiet, MaxPollRecords: 20}
-			start := func() (stop func()) {
-				cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs...), kgo.ShareGroup(group), kgo.ConsumeTopics(topic), kgo.FetchMaxWait(100*time.Millisecond))
-				require.NoError(t, err)
-				c, err := consumer.New(db.Pool, cl, "ledger", effectsHandler(db), cfg)
-				require.NoError(t, err)
-				runCtx, cancel := context.WithCancel(ctx)
-				done := make(chan error, 1)
-				go func() { done <- c.Run(runCtx) }()
-				var once sync.Once
-				return func() {
-					once.Do(func() {
-						cancel()
-						require.NoError(t, <-done)
-						cl.Close()
-					})
-				}
-			}
-			applied := func() int { return appliedCount(ctx, t, db) }
-			stop1 := start()
-			defer stop1()
-			eventually.True(t, time.Minute, func() bool { return applied() >= total/4 })
-			stop2 := start()
-			defer stop2()
-			eventually.True(t, time.Minute, func() bool { return applied() >= total/2 })
-			stop1()
+			stop2 := comeAndGo(ctx, t, db, b, total, effectsHandler(db), cfg, kgo.ShareGroup(group), kgo.ConsumeTopics(topic))
 			adm := kadm.NewClient(b.Client(t))
 			eventually.True(t, 2*time.Minute, func() bool {
 				offs, err := adm.DescribeShareGroupOffsets(ctx, group)
