@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/tables"
 )
@@ -63,6 +65,39 @@ SELECT (SELECT count(DISTINCT (aggregate_type, aggregate_id)) FROM {schema}.park
        coalesce(extract(epoch FROM now() - (SELECT min(parked_at) FROM {schema}.parked WHERE consumer = $1)), 0)::float8,
        (SELECT count(*) FROM {schema}.processed_keys WHERE consumer = $1),
        coalesce(extract(epoch FROM now() - (SELECT min(processed_at) FROM {schema}.processed_keys WHERE consumer = $1)), 0)::float8`
+
+// consumersSQL lists the consumer names found in the consumer's tables;
+// processed_keys, the largest, is walked a name at a time along its
+// primary key instead of scanned.
+const consumersSQL = `
+WITH RECURSIVE k AS (
+    SELECT min(consumer) AS name FROM {schema}.processed_keys
+    UNION ALL
+    SELECT (SELECT min(consumer) FROM {schema}.processed_keys WHERE consumer > k.name) FROM k WHERE k.name IS NOT NULL
+)
+SELECT name FROM k WHERE name IS NOT NULL
+UNION SELECT consumer FROM {schema}.positions
+UNION SELECT consumer FROM {schema}.dead_letters
+UNION SELECT consumer FROM {schema}.parked
+ORDER BY 1`
+
+// Consumers returns the names of the consumers that have kept anything in
+// schema ("" means outbox.DefaultSchema): processed keys, positions, dead
+// letters or parked records.
+func Consumers(ctx context.Context, db DB, schema string) ([]string, error) {
+	if schema == "" {
+		schema = outbox.DefaultSchema
+	}
+	rows, err := db.Query(ctx, tables.Fill(consumersSQL, schema))
+	if err != nil {
+		return nil, fmt.Errorf("consumer: list consumers: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("consumer: list consumers: %w", err)
+	}
+	return names, nil
+}
 
 // ReadHealth reads the health of the consumer name in schema ("" means
 // outbox.DefaultSchema). It counts rows, so sample it at a low rate (once

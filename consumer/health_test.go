@@ -48,4 +48,8 @@ func TestReadHealth(t *testing.T) {
 	require.Positive(t, h.OldestGap)
 	require.EqualValues(t, 4, h.ProcessedKeys, "a1 applied; a3, a4 and b2 parked")
 	require.Positive(t, h.OldestKey)
+
+	names, err := consumer.Consumers(ctx, db.Pool, db.Schema)
+	require.NoError(t, err)
+	require.Equal(t, []string{"other", "svc"}, names)
 }

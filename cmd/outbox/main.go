@@ -1,9 +1,10 @@
 // Command outbox applies the SDK's migrations and helps operate the
-// producer side from a shell.
+// outbox from a shell.
 //
 //	outbox migrate [-schema outbox] [-partition-by-day]
 //	outbox sql                       print the migrations, in order
 //	outbox health  [-schema outbox]
+//	outbox consumers [-schema outbox] [-o table|json]   what each consumer set aside and keeps
 //	outbox dead list    [-schema outbox] [-status dead] [-aggregate-type T] [-aggregate-id ID]
 //	outbox dead replay  [-schema outbox] ID
 //	outbox dead discard [-schema outbox] ID
@@ -43,6 +44,7 @@ const usage = `usage:
   outbox migrate [-schema outbox] [-partition-by-day]
   outbox sql
   outbox health [-schema outbox]
+  outbox consumers [-schema outbox] [-o table|json]
   outbox dead list [-schema outbox] [-status dead] [-aggregate-type T] [-aggregate-id ID]
   outbox dead replay [-schema outbox] ID
   outbox dead discard [-schema outbox] ID
@@ -70,6 +72,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	status := fs.String("status", "dead", "dead list: dead, replayed, discarded or all")
 	aggType := fs.String("aggregate-type", "", "dead list: only this aggregate type")
 	aggID := fs.String("aggregate-id", "", "dead list: only this aggregate id")
+	format := fs.String("o", "table", "consumers: table or json")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%s: %w\n%s", cmd, err, usage)
 	}
@@ -93,7 +96,13 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer pool.Close()
 
+	if *format != "table" && *format != "json" {
+		return fmt.Errorf("%s: -o %q: want table or json\n%s", cmd, *format, usage)
+	}
+
 	switch cmd {
+	case "consumers":
+		return consumers(ctx, pool, *schema, *format, out)
 	case "migrate":
 		applied, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: *schema, PartitionEventsByDay: *partition, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {

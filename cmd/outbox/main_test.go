@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -47,6 +49,32 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', 'x', '{}', 
 	out, err = exec("health")
 	require.NoError(t, err)
 	require.Contains(t, out, "undelivered 1\n")
+
+	out, err = exec("consumers")
+	require.NoError(t, err)
+	require.Equal(t, "CONSUMER  LETTERS  PARKED  AGGREGATES  OLDEST GAP  KEYS  OLDEST KEY\n", out)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("processed_keys")+` (consumer, key, processed_at) VALUES ('billing', 'k1', now() - interval '3 days'), ('billing', 'k2', now())`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("dead_letters")+` (consumer, topic, kafka_partition, kafka_offset, header_keys, header_values, error, attempts, fingerprint)
+VALUES ('shipping', 'orders', 0, 9, '{}', '{}', 'downstream broken', 5, '\x00')`)
+	require.NoError(t, err)
+	out, err = exec("consumers")
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^billing\s+0\s+0\s+0\s+-\s+2\s+3d$`, out)
+	require.Regexp(t, `(?m)^shipping\s+1\s+0\s+0\s+-\s+0\s+-$`, out)
+	for _, line := range strings.Split(out, "\n") {
+		require.LessOrEqual(t, len(line), 80, "fits 80 columns: %q", line)
+	}
+	out, err = exec("consumers", "-o", "json")
+	require.NoError(t, err)
+	var rows []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rows))
+	require.Len(t, rows, 2)
+	require.Equal(t, "billing", rows[0]["consumer"])
+	require.EqualValues(t, 2, rows[0]["processed_keys"])
+	require.EqualValues(t, 1, rows[1]["open_dead_letters"])
+	_, err = exec("consumers", "-o", "yaml")
+	require.ErrorContains(t, err, "want table or json")
 
 	require.ErrorContains(t, run(ctx, nil, &bytes.Buffer{}), "usage:")
 	require.ErrorContains(t, run(ctx, []string{"bogus", "-database", db.Server.URL}, &bytes.Buffer{}), `unknown command "bogus"`)

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/d419a114/outbox/consumer"
+)
+
+// consumerRow is one consumer of the consumers command, as JSON.
+type consumerRow struct {
+	Consumer         string  `json:"consumer"`
+	OpenLetters      int64   `json:"open_dead_letters"`
+	ParkedAggregates int64   `json:"parked_aggregates"`
+	ParkedRecords    int64   `json:"parked_records"`
+	OldestGapSeconds float64 `json:"oldest_gap_seconds"`
+	ProcessedKeys    int64   `json:"processed_keys"`
+	OldestKeySeconds float64 `json:"oldest_key_seconds"`
+}
+
+// consumers prints, for each consumer found in schema, what it has set
+// aside and what it keeps: a table that fits 80 columns, or JSON.
+func consumers(ctx context.Context, pool *pgxpool.Pool, schema, format string, out io.Writer) error {
+	names, err := consumer.Consumers(ctx, pool, schema)
+	if err != nil {
+		return err
+	}
+	rows := make([]consumerRow, 0, len(names))
+	for _, n := range names {
+		h, err := consumer.ReadHealth(ctx, pool, schema, n)
+		if err != nil {
+			return err
+		}
+		r := consumerRow{Consumer: n, ParkedAggregates: h.ParkedAggregates, ParkedRecords: h.ParkedRecords,
+			OldestGapSeconds: h.OldestGap.Seconds(), ProcessedKeys: h.ProcessedKeys, OldestKeySeconds: h.OldestKey.Seconds()}
+		for _, l := range h.Letters {
+			r.OpenLetters += l.Count
+		}
+		rows = append(rows, r)
+	}
+	if format == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tLETTERS\tPARKED\tAGGREGATES\tOLDEST GAP\tKEYS\tOLDEST KEY")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%s\n", r.Consumer, r.OpenLetters, r.ParkedRecords, r.ParkedAggregates,
+			age(r.OldestGapSeconds), r.ProcessedKeys, age(r.OldestKeySeconds))
+	}
+	return tw.Flush()
+}
+
+// age prints seconds as a short duration, "-" for none.
+func age(seconds float64) string {
+	if seconds <= 0 {
+		return "-"
+	}
+	d := time.Duration(seconds * float64(time.Second))
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	case d >= time.Hour:
+		return d.Round(time.Minute).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
