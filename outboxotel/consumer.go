@@ -107,12 +107,7 @@ func (t *ConsumerTracer) TraceRecordEnd(ctx context.Context, rec *kgo.Record, re
 // TraceBatchStart starts the batch's process span, linked to the trace
 // contexts its records carry.
 func (t *ConsumerTracer) TraceBatchStart(ctx context.Context, recs []*kgo.Record) context.Context {
-	var links []trace.Link
-	for _, r := range recs {
-		if sc := trace.SpanContextFromContext(t.prop.Extract(context.Background(), headers{r})); sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
-	}
+	links := carried(t.prop, recs)
 	attrs := []attribute.KeyValue{keySystem.String(systemKafka), keyOperationName.String(opProcess),
 		keyOperationType.String(opProcess), keyConsumerGroup.String(t.group), keyBatchCount.Int(len(recs))}
 	name := opProcess

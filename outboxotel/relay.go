@@ -53,12 +53,7 @@ type startKey struct{}
 
 // TracePublishStart starts the batch's send span.
 func (t *RelayTracer) TracePublishStart(ctx context.Context, recs []*kgo.Record) context.Context {
-	var links []trace.Link
-	for _, r := range recs {
-		if sc := trace.SpanContextFromContext(t.prop.Extract(context.Background(), headers{r})); sc.IsValid() {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
-	}
+	links := carried(t.prop, recs)
 	attrs := []attribute.KeyValue{keySystem.String(systemKafka), keyOperationName.String(opSend),
 		keyOperationType.String(opSend), keyBatchCount.Int(len(recs))}
 	name := opSend
@@ -110,6 +105,17 @@ func (t *RelayTracer) TraceClaimEnd(ctx context.Context, n int, err error) {
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
+}
+
+// carried returns a link to each valid trace context recs carry.
+func carried(prop propagation.TextMapPropagator, recs []*kgo.Record) []trace.Link {
+	var links []trace.Link
+	for _, r := range recs {
+		if sc := trace.SpanContextFromContext(prop.Extract(context.Background(), headers{r})); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return links
 }
 
 // oneTopic returns the topic of recs when they share one, else "".
