@@ -35,12 +35,26 @@ type Server struct {
 	exited  chan struct{}
 	cred    *syscall.Credential
 	logPath string
+	cfg     Config
+}
+
+// Config tunes a cluster that StartConfig starts. The zero value is the
+// cluster Start starts.
+type Config struct {
+	// LogicalReplication starts the server with wal_level=logical (and
+	// room for a few replication slots and WAL senders), for change data
+	// capture through a logical replication slot (Debezium's pgoutput
+	// connector). Default false: wal_level=replica, the server's default.
+	LogicalReplication bool
 }
 
 // Start initialises a cluster in a temporary directory and starts it on a
 // free loopback port. As root, the server runs as the postgres user, since
 // PostgreSQL refuses to run as root.
-func Start() (*Server, error) {
+func Start() (*Server, error) { return StartConfig(Config{}) }
+
+// StartConfig is Start for a cluster configured by cfg.
+func StartConfig(cfg Config) (*Server, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -49,7 +63,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgserver: make cluster directory: %w", err)
 	}
-	s := &Server{dir: dir, bin: bin, logPath: filepath.Join(dir, "server.log")}
+	s := &Server{dir: dir, bin: bin, logPath: filepath.Join(dir, "server.log"), cfg: cfg}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -93,13 +107,19 @@ func (s *Server) launch() error {
 		return fmt.Errorf("pgserver: open server log: %w", err)
 	}
 	defer func() { _ = logFile.Close() }()
-	cmd := exec.Command(filepath.Join(s.bin, "postgres"), //nolint:gosec // the arguments are this package's own
+	args := []string{
 		"-D", s.dataDir(),
 		"-p", strconv.Itoa(s.port),
 		"-k", s.dir,
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "max_connections=300",
-	)
+	}
+	if s.cfg.LogicalReplication {
+		// initdb's pg_hba.conf with -A trust already lets any local user
+		// open a replication connection.
+		args = append(args, "-c", "wal_level=logical", "-c", "max_replication_slots=20", "-c", "max_wal_senders=20")
+	}
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), args...) //nolint:gosec // the arguments are this package's own
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Pdeathsig stops the server if the test binary dies without running
 	// Main's clean-up, so no cluster outlives its tests.

@@ -17,6 +17,9 @@ var (
 	sharedOnce sync.Once
 	shared     *Server
 	sharedErr  error
+	// sharedConfig is the throwaway cluster's configuration; MainConfig
+	// sets it before any test runs.
+	sharedConfig pgserver.Config
 )
 
 // Shared returns the server for this process: TEST_DATABASE_URL when set,
@@ -28,7 +31,7 @@ func Shared() (*Server, error) {
 			shared = &Server{URL: url}
 			return
 		}
-		shared, sharedErr = pgserver.Start()
+		shared, sharedErr = pgserver.StartConfig(sharedConfig)
 	})
 	return shared, sharedErr
 }
@@ -36,7 +39,13 @@ func Shared() (*Server, error) {
 // Main runs the package's tests, stops the throwaway cluster if one was
 // started, and then fails the run if the tests left goroutines behind.
 // Call it from TestMain.
-func Main(m interface{ Run() int }) {
+func Main(m interface{ Run() int }) { MainConfig(m, pgserver.Config{}) }
+
+// MainConfig is Main for a package whose throwaway cluster needs cfg, such
+// as wal_level=logical for change data capture. A server given by
+// TEST_DATABASE_URL is used as it is; check what the tests need of it.
+func MainConfig(m interface{ Run() int }, cfg pgserver.Config) {
+	sharedConfig = cfg
 	before := goleak.IgnoreCurrent()
 	code := m.Run()
 	if shared != nil {
