@@ -28,6 +28,31 @@ type Health struct {
 	// Dead counts events that exhausted their attempts and wait for a
 	// replay or discard.
 	Dead int64
+
+	// Dispatch is who publishes the schema's events (SetDispatch). In
+	// DispatchCDC mode events are written as published, so Undelivered and
+	// OldestUndelivered stay 0; what lags is the slot, below. Alert in CDC
+	// mode on CDCSlotActive being false for longer than a connector
+	// restart takes (a minute), and on CDCRetainedWALBytes (say, over a
+	// tenth of the WAL volume's free space): while the connector is down
+	// the slot keeps every WAL segment from its position on, and the
+	// volume fills up.
+	Dispatch Dispatch
+	// CDCSlot is the replication slot of DispatchCDC; "" otherwise.
+	CDCSlot string
+	// CDCSlotExists is whether that slot exists in this database. A slot
+	// that vanished (dropped, or invalidated by max_slot_wal_keep_size)
+	// means events written meanwhile were never captured.
+	CDCSlotExists bool
+	// CDCSlotActive is whether a connector is attached to the slot.
+	CDCSlotActive bool
+	// CDCRetainedWALBytes is how much WAL the slot keeps from removal (from
+	// its restart position to the server's current one); 0 when there is
+	// no slot, or on a standby.
+	CDCRetainedWALBytes int64
+	// CDCLagBytes is how far the connector's confirmed position is behind
+	// the server's current one, in WAL bytes; 0 as for CDCRetainedWALBytes.
+	CDCLagBytes int64
 }
 
 // ReadHealth reads the health view of schema ("" means
@@ -37,14 +62,35 @@ func ReadHealth(ctx context.Context, db outbox.DB, schema string) (Health, error
 	if schema == "" {
 		schema = outbox.DefaultSchema
 	}
-	var h Health
-	var oldest float64
-	err := db.QueryRow(ctx, qualify(`SELECT undelivered, oldest_undelivered_seconds, dead FROM {schema}.health`, schema)).
-		Scan(&h.Undelivered, &oldest, &h.Dead)
+	var (
+		h                Health
+		oldest           float64
+		mode             string
+		slot             *string
+		retained, lagged *int64
+	)
+	err := db.QueryRow(ctx, qualify(`SELECT undelivered, oldest_undelivered_seconds, dead, dispatch, cdc_slot,
+       cdc_slot_active, cdc_retained_wal_bytes, cdc_lag_bytes FROM {schema}.health`, schema)).
+		Scan(&h.Undelivered, &oldest, &h.Dead, &mode, &slot, &h.CDCSlotActive, &retained, &lagged)
 	if err != nil {
-		return Health{}, fmt.Errorf("producer: read health: %w", err)
+		return Health{}, fmt.Errorf("producer: read health (did Migrate run?): %w", err)
 	}
 	h.OldestUndelivered = time.Duration(oldest * float64(time.Second))
+	h.Dispatch = Dispatch(mode)
+	if slot != nil {
+		h.CDCSlot = *slot
+	}
+	if h.Dispatch == DispatchCDC {
+		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database())`, h.CDCSlot).Scan(&h.CDCSlotExists); err != nil {
+			return Health{}, fmt.Errorf("producer: read health: look up slot %q: %w", h.CDCSlot, err)
+		}
+	}
+	if retained != nil {
+		h.CDCRetainedWALBytes = *retained
+	}
+	if lagged != nil {
+		h.CDCLagBytes = *lagged
+	}
 	return h, nil
 }
 

@@ -2,6 +2,7 @@ package producer
 
 import (
 	"context"
+	"log/slog"
 	"time"
 )
 
@@ -31,11 +32,16 @@ type loop struct {
 	// inFlight is the batch being published and settled while the next one
 	// is claimed; only the loop starts and lands flights.
 	inFlight *flight
+	// stopped, once set, ends Run with it: the schema went to CDC mode.
+	stopped error
 }
 
 // step runs one iteration.
 func (l *loop) step(ctx context.Context) {
 	l.rebalanceIfDue(ctx)
+	if l.stopped != nil {
+		return
+	}
 	// Holds that ended are looked up again before the claim, so that an
 	// aggregate whose lease ended goes out with this batch.
 	if l.owner.holdsDue() {
@@ -79,6 +85,11 @@ func (l *loop) rebalanceIfDue(ctx context.Context) {
 		return
 	}
 	l.landInFlight(ctx)
+	if err := l.r.checkDispatch(ctx); err != nil {
+		l.r.log.ErrorContext(ctx, "relay: schema switched to CDC mode; stopping", slog.String("error", err.Error()))
+		l.stopped = err
+		return
+	}
 	err := l.owner.rebalance(ctx, l.idle)
 	if err != nil {
 		l.r.logError(ctx, "relay: rebalance buckets, will retry", err)

@@ -221,7 +221,16 @@ func setDefault[T comparable](v *T, def T) {
 // flight finish and be marked, releases its buckets and returns ctx.Err().
 // Database and broker errors are logged and retried, never returned: a
 // relay outlives outages. Run it once per Relay.
+//
+// On a schema dispatched by change data capture (SetDispatch with
+// DispatchCDC) Run returns an error wrapping ErrCDCDispatch at once, and a
+// running relay whose schema is switched stops within a RebalanceInterval
+// the same way: the connector publishes, and a relay beside it would only
+// send everything twice.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.checkDispatch(ctx); err != nil {
+		return err
+	}
 	wake := make(chan struct{}, 1)
 	lctx, stopListener := context.WithCancel(ctx)
 	listenerDone := make(chan struct{})
@@ -250,10 +259,31 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer owner.close()
 	l := &loop{r: r, owner: owner, wake: wake}
 	defer l.landInFlight(ctx)
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && l.stopped == nil {
 		l.step(ctx)
 	}
+	if l.stopped != nil {
+		return l.stopped
+	}
 	return ctx.Err()
+}
+
+// checkDispatch returns an error wrapping ErrCDCDispatch when the schema
+// is dispatched by change data capture. A failure to read the mode is
+// logged and counts as relay mode: the database may be down for a moment,
+// and in CDC mode the relay finds nothing to claim anyway (events are
+// written as published).
+func (r *Relay) checkDispatch(ctx context.Context) error {
+	st, err := ReadDispatch(ctx, r.pool, r.cfg.Schema)
+	if err != nil {
+		r.logError(ctx, "relay: read the dispatch mode, will check again at the next rebalance", err)
+		return nil
+	}
+	if st.Mode == DispatchCDC {
+		return fmt.Errorf("%w: schema %q is in CDC mode (slot %q, since %s); stop this relay, or switch back with producer.SetDispatch(ctx, db, producer.DispatchRelay, ...)",
+			ErrCDCDispatch, r.cfg.Schema, st.Slot, st.ChangedAt.UTC().Format(time.RFC3339))
+	}
+	return nil
 }
 
 // idleSettle is how long after going idle the relay looks for work one

@@ -285,7 +285,7 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		waitFor(t, 30*time.Second, "healthy aggregates delivered", func() bool { return b.undelivered(t) == 3 })
 		h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
 		require.NoError(t, err)
-		require.Equal(t, producer.Health{Undelivered: 3, Dead: 1, OldestUndelivered: h.OldestUndelivered}, h)
+		require.Equal(t, producer.Health{Undelivered: 3, Dead: 1, OldestUndelivered: h.OldestUndelivered, Dispatch: producer.DispatchRelay}, h)
 		require.Positive(t, h.OldestUndelivered)
 
 		fault.Remove() // the fix

@@ -3,6 +3,7 @@ package producer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"time"
 
@@ -82,7 +83,10 @@ LEFT JOIN LATERAL (
 WHERE d.id = r.id AND x.owed IS NULL`
 
 // Prune removes delivered events older than the retention window. An
-// undelivered event is never removed, whatever its age.
+// undelivered event is never removed, whatever its age. In CDC mode
+// (SetDispatch) every event is written as delivered, so Prune removes
+// events by age alone: the connector reads them from the WAL, which the
+// slot retains whether the rows are still there or not.
 //
 // On a plain events table it deletes in batches until none is left. On a
 // day-partitioned table (MigrateConfig.PartitionEventsByDay) it creates the
@@ -142,5 +146,39 @@ func Prune(ctx context.Context, db outbox.DB, cfg *PruneConfig) (PruneResult, er
 			return res, nil
 		}
 		from = last
+	}
+}
+
+// RunPrune calls Prune every interval (default 1m) until ctx ends, and
+// returns ctx.Err(). Errors are logged to logger (default slog.Default())
+// and retried at the next interval. A Relay prunes by itself; run this
+// where no relay runs, as in CDC mode (SetDispatch), where it also creates
+// the coming days' partitions of a day-partitioned table: without it,
+// writes land in the default partition and nothing is ever removed.
+func RunPrune(ctx context.Context, db outbox.DB, interval time.Duration, cfg *PruneConfig, logger *slog.Logger) error {
+	if interval <= 0 {
+		interval = time.Minute
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		res, err := Prune(ctx, db, cfg)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			logger.WarnContext(ctx, "producer: prune events, will retry", slog.String("error", err.Error()))
+		case res != (PruneResult{}):
+			logger.InfoContext(ctx, "producer: pruned events", slog.Int64("deleted", res.Deleted),
+				slog.Int("partitions_created", res.PartitionsCreated), slog.Int("partitions_dropped", res.PartitionsDropped))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
 }

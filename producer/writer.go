@@ -37,6 +37,17 @@ type WriterConfig struct {
 	// each event's headers (a header the event sets itself wins), so that
 	// it travels with the event to its consumers. Default nil.
 	Propagator Propagator
+	// CDC is for a schema dispatched by change data capture (SetDispatch
+	// with DispatchCDC, docs/cdc.md). Write then sends no wake-up (no
+	// relay waits for one), and writes the topic column for every event:
+	// its own Topic, else Topic below, else its aggregate type, as a relay
+	// would choose; the connector's router routes by that column and
+	// cannot fall back. Default false.
+	CDC bool
+	// Topic is the topic of events that name none, with CDC set. Ignored
+	// without CDC: a relay's RelayConfig.Topic chooses then. Default: the
+	// event's aggregate type.
+	Topic string
 }
 
 // Writer inserts events into the outbox inside the caller's transaction.
@@ -45,6 +56,9 @@ type Writer struct {
 	maxPayload int
 	schema     string
 	propagator Propagator
+	// cdc and topic are WriterConfig.CDC and WriterConfig.Topic.
+	cdc   bool
+	topic string
 	// The statements for one event and for several, each without and with
 	// the wake-up check (see wakeGate).
 	insertOne, insertOneWake, insertMany, insertManyWake string
@@ -71,6 +85,8 @@ func NewWriter(cfg *WriterConfig) *Writer {
 		maxPayload:     maxPayload,
 		schema:         schema,
 		propagator:     cfg.Propagator,
+		cdc:            cfg.CDC,
+		topic:          cfg.Topic,
 		insertOne:      build(insertEventSQL, ""),
 		insertOneWake:  build(insertEventSQL, wake),
 		insertMany:     build(insertEventsSQL, ""),
@@ -155,8 +171,9 @@ RETURNING id, aggregate_seq{wake}`
 // aggregates A and B in opposite orders can deadlock (PostgreSQL then
 // aborts one). Write all of a transaction's events in one call to avoid it.
 //
-// Write also wakes a relay that is idle, with a notification that is sent
-// only if tx commits. Whether a relay is idle is looked up by Write's
+// With WriterConfig.CDC, Write sends no wake-up and the rest of this
+// paragraph does not apply. Otherwise Write also wakes a relay that is
+// idle, with a notification that is sent only if tx commits. Whether a relay is idle is looked up by Write's
 // statement, with its snapshot (under REPEATABLE READ or SERIALIZABLE, the
 // transaction's), not at commit; and for a few milliseconds after a write
 // of this process found no relay idle, writes to the same database and
@@ -183,8 +200,12 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 			return nil, err
 		}
 	}
-	gate := wakeRegistry.forTx(tx, w.schema)
-	check := gate.due()
+	var gate *wakeGate
+	check := false
+	if !w.cdc {
+		gate = wakeRegistry.forTx(tx, w.schema)
+		check = gate.due()
+	}
 	var (
 		out  []Written
 		wake wakeAnswer
@@ -256,6 +277,18 @@ func (e *Event) stored(i int) (stored, error) {
 	return s, nil
 }
 
+// topicOf is what Write stores in the topic column for e: its own Topic;
+// with CDC, never empty (see WriterConfig.CDC).
+func (w *Writer) topicOf(e *Event) string {
+	if e.Topic != "" || !w.cdc {
+		return e.Topic
+	}
+	if w.topic != "" {
+		return w.topic
+	}
+	return e.AggregateType
+}
+
 // orNull is v, or NULL when v is empty.
 func orNull(v string) any {
 	if v == "" {
@@ -269,7 +302,7 @@ func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) 
 	if err != nil {
 		return nil, wakeAnswer{}, err
 	}
-	args := []any{s.id, s.key, e.AggregateType, e.AggregateID, e.EventType, orNull(e.Topic), orNull(e.ContentType), s.payload, orNull(s.headers)}
+	args := []any{s.id, s.key, e.AggregateType, e.AggregateID, e.EventType, orNull(w.topicOf(e)), orNull(e.ContentType), s.payload, orNull(s.headers)}
 	wr := Written{EventID: s.id}
 	var wake wakeAnswer
 	if check {
@@ -308,7 +341,7 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 			headers[i] = "{}"
 		}
 		aggTypes[i], aggIDs[i], eventTypes[i] = e.AggregateType, e.AggregateID, e.EventType
-		topics[i], contentTypes[i] = e.Topic, e.ContentType
+		topics[i], contentTypes[i] = w.topicOf(e), e.ContentType
 		index[s.id] = i
 	}
 	sql := w.insertMany
