@@ -26,6 +26,12 @@ const (
 	// HeaderDebeziumID is the event id header that Debezium's outbox event
 	// router sets; consumers accept it as an idempotency key.
 	HeaderDebeziumID = "id"
+	// HeaderCDCHeaders carries, on records that Debezium's outbox event
+	// router publishes in CDC mode (docs/cdc.md), the event's own headers
+	// (the events table's headers column, such as traceparent) as one JSON
+	// object of strings: the router cannot spread a column over several
+	// headers. The relay sends each of them as a header of its own instead.
+	HeaderCDCHeaders = "outbox-headers"
 )
 
 // ReservedHeaderPrefix starts every header name the SDK sets; writers may not
