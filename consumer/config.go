@@ -91,6 +91,11 @@ type Config struct {
 	// PruneInterval is how often the Consumer prunes expired keys. Default
 	// 1h; negative disables pruning.
 	PruneInterval time.Duration
+	// RequestPoll is how often the Consumer looks for operator requests
+	// (package operator) addressed to its name, besides listening for
+	// them on a connection of its own when db is a *pgxpool.Pool. Default
+	// 1s; negative: the Consumer takes none up.
+	RequestPoll time.Duration
 	// ShutdownGrace is how long the Consumer lets records in flight finish
 	// after its context ends, or after their partition is revoked (keep it
 	// well below the group's rebalance timeout, 60s by default); then
@@ -150,6 +155,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.PruneInterval == 0 {
 		out.PruneInterval = time.Hour
+	}
+	if out.RequestPoll == 0 {
+		out.RequestPoll = time.Second
 	}
 	if out.ShutdownGrace == 0 {
 		out.ShutdownGrace = 10 * time.Second

@@ -193,6 +193,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.PruneInterval > 0 {
 		wg.Go(func() { c.pruneLoop(bg) })
 	}
+	if c.cfg.RequestPoll >= 0 {
+		wg.Go(func() { _ = c.proc.ServeRequests(bg) })
+	}
 	if c.share {
 		return c.shareLoop(ctx)
 	}

@@ -45,18 +45,11 @@ type LetterCount struct {
 	Oldest time.Duration
 }
 
-// readHealthSQL classifies a letter by how the SDK words the error it
-// writes; an error the SDK did not word is the handler's.
+// readHealthSQL counts the open letters by topic and reason, along the
+// partial index dead_letters_failure.
 const readHealthSQL = `
 SELECT topic, reason, count(*), extract(epoch FROM now() - min(first_failed_at))::float8
-FROM (SELECT topic, first_failed_at,
-             CASE WHEN error LIKE 'consumer: handler panicked%' THEN 'panic'
-                  WHEN error LIKE 'consumer: handler did not finish within%' THEN 'timeout'
-                  WHEN error LIKE 'consumer: not done on the share group''s last delivery%' THEN 'delivery_limit'
-                  WHEN error LIKE 'consumer: sequence %' THEN 'sequence'
-                  WHEN error LIKE 'consumer: %' THEN 'input'
-                  ELSE 'handler' END AS reason
-      FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead') l
+FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead'
 GROUP BY topic, reason ORDER BY topic, reason`
 
 const readKeptSQL = `

@@ -21,6 +21,7 @@ import (
 	"github.com/d419a114/outbox/dedupe"
 	"github.com/d419a114/outbox/internal/backoff"
 	"github.com/d419a114/outbox/internal/tables"
+	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -68,6 +69,7 @@ type Processor struct {
 	dedupe   *dedupe.Store
 	ordering *ordering.Tracker
 	dead     *deadletter.Store
+	ops      *operator.Store
 	log      *slog.Logger
 	// open holds the sessions of the transactions that attemptOnce,
 	// batchOnce and drainOnce have open, for Run to end when it abandons
@@ -115,6 +117,7 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 		tracer: c.Tracer, batchTracer: bt,
 		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, ready: make(chan struct{}, 1),
 		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
+		ops:  operator.New(&operator.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim and the move in one statement, sent in one round trip
 		// with BEGIN (see pipelinedTx): at one record per transaction a
@@ -434,6 +437,7 @@ func (p *Processor) letter(m *Message, err error, attempts int) *deadletter.Lett
 		AggregateType: m.AggregateType, AggregateID: m.AggregateID, Seq: m.Seq,
 		Error: err.Error(), Attempts: attempts,
 	}
+	l.Reason, l.Failure = fingerprint(err, attempts)
 	var pe *PanicError
 	if errors.As(err, &pe) {
 		l.Stack = string(pe.Stack)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -28,7 +29,9 @@ import (
 // refuses it: resolve the earlier gap first.
 func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 	var res Result
+	e := p.entry(ctx, operator.Replay, id, ordering.Aggregate{})
 	err := p.dead.Replay(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
+		e.AggregateType, e.AggregateID = l.AggregateType, l.AggregateID
 		if l.Consumer != p.name {
 			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q: %w", id, l.Consumer, p.name, ErrWrongConsumer)
 		}
@@ -60,9 +63,14 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 			r.Attempts = 1
 		}
 		res = r
-		return nil
+		outcome := "applied"
+		if r.Outcome == Duplicate {
+			outcome = "duplicate"
+		}
+		return p.audit(ctx, tx, e, outcome, drainedDetail(r.Drained))
 	})
 	if err != nil {
+		p.auditFailure(ctx, e, err)
 		return Result{}, err
 	}
 	p.log.InfoContext(ctx, "consumer: dead letter replayed", "dead_letter_id", id, "outcome", res.Outcome.String(), "drained", res.Drained)
@@ -78,41 +86,53 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 // Replay. It returns how many it applied itself.
 func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 	drained := 0
+	e := p.entry(ctx, operator.Discard, id, ordering.Aggregate{})
 	err := p.dead.Discard(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
-		if l.Consumer != p.name {
-			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q: %w", id, l.Consumer, p.name, ErrWrongConsumer)
-		}
-		if l.IdempotencyKey != "" {
-			if _, err := p.dedupe.Claim(ctx, tx, l.IdempotencyKey); err != nil {
-				return err
-			}
-		}
-		if l.Seq == 0 {
-			return nil
-		}
-		agg := ordering.Aggregate{Type: l.AggregateType, ID: l.AggregateID}
-		last, _, err := p.ordering.Position(ctx, tx, agg)
-		if err != nil {
+		e.AggregateType, e.AggregateID = l.AggregateType, l.AggregateID
+		if err := p.discard(ctx, tx, id, l, &drained); err != nil {
 			return err
 		}
-		if last >= l.Seq {
-			return nil // already past it
-		}
-		if last < l.Seq-1 {
-			return fmt.Errorf("consumer: discard %d (seq %d of %s, position %d): %w", id, l.Seq, agg, last, ErrNotNext)
-		}
-		if _, _, err := p.ordering.SkipTo(ctx, tx, agg, l.Seq); err != nil {
-			return err
-		}
-		drained, err = p.drain(ctx, tx, agg)
-		return err
+		return p.audit(ctx, tx, e, "discarded", drainedDetail(drained))
 	})
 	if err != nil {
+		p.auditFailure(ctx, e, err)
 		return 0, err
 	}
 	p.log.InfoContext(ctx, "consumer: dead letter discarded", "dead_letter_id", id, "drained", drained)
 	p.afterRelease(drained)
 	return drained, nil
+}
+
+// discard is Discard's work on letter l in tx; it sets drained to how many
+// successors it applied.
+func (p *Processor) discard(ctx context.Context, tx pgx.Tx, id int64, l *deadletter.Letter, drained *int) error {
+	if l.Consumer != p.name {
+		return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q: %w", id, l.Consumer, p.name, ErrWrongConsumer)
+	}
+	if l.IdempotencyKey != "" {
+		if _, err := p.dedupe.Claim(ctx, tx, l.IdempotencyKey); err != nil {
+			return err
+		}
+	}
+	if l.Seq == 0 {
+		return nil
+	}
+	agg := ordering.Aggregate{Type: l.AggregateType, ID: l.AggregateID}
+	last, _, err := p.ordering.Position(ctx, tx, agg)
+	if err != nil {
+		return err
+	}
+	if last >= l.Seq {
+		return nil // already past it
+	}
+	if last < l.Seq-1 {
+		return fmt.Errorf("consumer: discard %d (seq %d of %s, position %d): %w", id, l.Seq, agg, last, ErrNotNext)
+	}
+	if _, _, err := p.ordering.SkipTo(ctx, tx, agg, l.Seq); err != nil {
+		return err
+	}
+	*drained, err = p.drain(ctx, tx, agg)
+	return err
 }
 
 // ResolveGap gives up on the missing sequences of agg's open gap (those
@@ -129,6 +149,7 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 		found *ordering.OpenGap
 		to    int64
 	)
+	e := p.entry(ctx, operator.ResolveGap, 0, agg)
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
 		gaps, err := p.ordering.Gaps(ctx, tx)
 		if err != nil {
@@ -150,13 +171,22 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 			to = found.DeadLetterSeq - 1
 		}
 		moved, _, err := p.ordering.SkipTo(ctx, tx, agg, to)
-		if err != nil || !moved || to < found.FirstParked-1 {
+		if err != nil {
 			return err
 		}
-		n, err = p.drain(ctx, tx, agg)
-		return err
+		if moved && to >= found.FirstParked-1 {
+			if n, err = p.drain(ctx, tx, agg); err != nil {
+				return err
+			}
+		}
+		detail := fmt.Sprintf("skipped %d..%d, %s", found.Expected, to, drainedDetail(n))
+		if found.DeadLetterID != 0 {
+			detail += fmt.Sprintf(", stopped at dead letter %d", found.DeadLetterID)
+		}
+		return p.audit(ctx, tx, e, "resolved", detail)
 	})
 	if err != nil {
+		p.auditFailure(ctx, e, err)
 		return 0, err
 	}
 	attrs := []any{"aggregate", agg.String(), "skipped_from", found.Expected, "skipped_to", to, "drained", n}

@@ -44,6 +44,14 @@ type Letter struct {
 	// Error is why the record failed; Stack is the handler's stack when it
 	// panicked.
 	Error, Stack string
+	// Reason is the class of the failure, one of a few the consumer
+	// names: "handler", "panic", "timeout", "sequence", "input" and
+	// "delivery_limit" (see consumer.LetterCount).
+	Reason string
+	// Failure is the failure's fingerprint: letters that fail the same way
+	// (the same reason, error type and handler frame, or the same error
+	// wording up to its numbers) share it. Failures groups them by it.
+	Failure string
 	// Attempts counts the tries, over all deliveries.
 	Attempts      int
 	FirstFailedAt time.Time
@@ -94,7 +102,8 @@ func (s *Store) Put(ctx context.Context, tx pgx.Tx, l *Letter) (int64, error) {
 	err := tx.QueryRow(ctx, s.sql.Put,
 		l.Consumer, recordsql.TextSafe(r.Topic), r.Partition, r.Offset, r.Key, r.Value, keys, values, recTime,
 		nullString(l.IdempotencyKey), aggField(l.AggregateType, l.Seq), aggField(l.AggregateID, l.Seq), nullSeq(l.Seq),
-		recordsql.TextSafe(l.Error), nullString(l.Stack), max(l.Attempts, 1)).Scan(&id)
+		recordsql.TextSafe(l.Error), nullString(l.Stack), max(l.Attempts, 1), orDefault(l.Reason, "handler"),
+		recordsql.TextSafe(orDefault(l.Failure, orDefault(l.Reason, "handler")))).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("deadletter: put: the record's letter was replayed or discarded: %w", ErrResolved)
 	}
@@ -125,17 +134,37 @@ func (s *Store) get(ctx context.Context, db outbox.DB, sql string, id int64) (*L
 	return ls[0], nil
 }
 
-// ListOpts filters List. Zero fields do not filter.
+// ListOpts filters List, Match and Preview. Zero fields do not filter.
 type ListOpts struct {
 	Consumer      string
 	Topic         string
 	Status        Status
 	AggregateType string
 	AggregateID   string
-	// AfterID pages: only letters with a larger id.
+	Reason        string
+	Failure       string
+	// FailedAfter and FailedBefore bound when a letter first failed: at or
+	// after FailedAfter, before FailedBefore.
+	FailedAfter, FailedBefore time.Time
+	// AfterID pages List: only letters with a larger id.
 	AfterID int64
-	// Limit bounds the result. Default 100.
+	// Limit bounds the result. Default 100 for List, 1,000,000 for Match
+	// and Preview.
 	Limit int
+}
+
+// args are the filter's statement arguments, $1 to $9.
+func (o *ListOpts) args() []any {
+	return []any{tables.Filter(o.Consumer), tables.Filter(o.Topic), tables.Filter(string(o.Status)),
+		tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), tables.Filter(o.Reason), tables.Filter(o.Failure),
+		nullTime(o.FailedAfter), nullTime(o.FailedBefore)}
+}
+
+func (o *ListOpts) limit(def int) int {
+	if o.Limit <= 0 {
+		return def
+	}
+	return o.Limit
 }
 
 // List returns letters matching opts, oldest (lowest id) first.
@@ -143,12 +172,7 @@ func (s *Store) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]*Lett
 	if opts == nil {
 		opts = &ListOpts{}
 	}
-	limit := opts.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	rows, err := db.Query(ctx, s.sql.List, tables.Filter(opts.Consumer), tables.Filter(opts.Topic), tables.Filter(string(opts.Status)),
-		tables.Filter(opts.AggregateType), tables.Filter(opts.AggregateID), opts.AfterID, limit)
+	rows, err := db.Query(ctx, s.sql.List, append(opts.args(), opts.AfterID, opts.limit(100))...)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: list: %w", err)
 	}
@@ -157,6 +181,98 @@ func (s *Store) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]*Lett
 		return nil, fmt.Errorf("deadletter: list: %w", err)
 	}
 	return ls, nil
+}
+
+// maxMatch bounds Match and Preview when ListOpts.Limit is not set.
+const maxMatch = 1_000_000
+
+// Ref names a letter and its place in its aggregate.
+type Ref struct {
+	ID                         int64
+	AggregateType, AggregateID string
+	// Seq is 0 for an unsequenced letter.
+	Seq int64
+}
+
+// Match returns the letters matching opts (AfterID ignored) in the order
+// an operator acting on many should take them: aggregate by aggregate,
+// each aggregate's letters in sequence order, so that replaying one
+// releases the records parked up to the next; the unsequenced letters
+// last.
+func (s *Store) Match(ctx context.Context, db outbox.DB, opts *ListOpts) ([]Ref, error) {
+	if opts == nil {
+		opts = &ListOpts{}
+	}
+	rows, err := db.Query(ctx, s.sql.Match, append(opts.args(), opts.limit(maxMatch))...)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: match: %w", err)
+	}
+	refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Ref, error) {
+		var ref Ref
+		err := r.Scan(&ref.ID, &ref.AggregateType, &ref.AggregateID, &ref.Seq)
+		return ref, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: match: %w", err)
+	}
+	return refs, nil
+}
+
+// Preview is what acting on the letters a filter matches would touch.
+type Preview struct {
+	// Letters counts the letters, at most the filter's Limit.
+	Letters int64
+	// Aggregates counts their distinct aggregates, Parked the records
+	// parked behind those aggregates: the successors a replay or discard
+	// of the letters would release.
+	Aggregates, Parked int64
+}
+
+// Preview counts what the letters matching opts (AfterID ignored) would
+// touch if replayed or discarded, reading at most opts.Limit letters
+// (default 1,000,000), for an operator's dry run.
+func (s *Store) Preview(ctx context.Context, db outbox.DB, opts *ListOpts) (Preview, error) {
+	if opts == nil {
+		opts = &ListOpts{}
+	}
+	var p Preview
+	if err := db.QueryRow(ctx, s.sql.Preview, append(opts.args(), opts.limit(maxMatch))...).Scan(&p.Letters, &p.Aggregates, &p.Parked); err != nil {
+		return Preview{}, fmt.Errorf("deadletter: preview: %w", err)
+	}
+	return p, nil
+}
+
+// Failure is a group of a consumer's open letters that failed the same
+// way.
+type Failure struct {
+	Failure, Reason string
+	Count           int64
+	// Oldest is when the group's first letter first failed, Newest when
+	// its last one last failed.
+	Oldest, Newest time.Time
+	// SampleID is the group's lowest letter id, one to look at.
+	SampleID int64
+}
+
+// Failures groups consumer's open letters by Letter.Failure, largest group
+// first, at most limit groups (default 100).
+func (s *Store) Failures(ctx context.Context, db outbox.DB, consumer string, limit int) ([]Failure, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := db.Query(ctx, s.sql.Failures, consumer, limit)
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: failures: %w", err)
+	}
+	fs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Failure, error) {
+		var f Failure
+		err := r.Scan(&f.Failure, &f.Reason, &f.Count, &f.Oldest, &f.Newest, &f.SampleID)
+		return f, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("deadletter: failures: %w", err)
+	}
+	return fs, nil
 }
 
 // ResolveFunc does the work of a replay or discard inside tx, with the
@@ -229,6 +345,8 @@ type row struct {
 	LastFailedAt   time.Time  `db:"last_failed_at"`
 	Status         Status     `db:"status"`
 	ResolvedAt     *time.Time `db:"resolved_at"`
+	Reason         string     `db:"reason"`
+	Failure        string     `db:"failure"`
 }
 
 func collect(rows pgx.Rows) ([]*Letter, error) {
@@ -242,7 +360,7 @@ func collect(rows pgx.Rows) ([]*Letter, error) {
 			Record: &kgo.Record{Topic: d.Topic, Partition: d.Partition, Offset: d.Offset, Key: d.Key, Value: d.Value,
 				Headers: recordsql.Join(d.HeaderKeys, d.HeaderValues)},
 			IdempotencyKey: deref(d.IdempotencyKey), AggregateType: deref(d.AggregateType), AggregateID: deref(d.AggregateID),
-			Error: d.Error, Stack: deref(d.Stack), Attempts: d.Attempts,
+			Error: d.Error, Stack: deref(d.Stack), Reason: d.Reason, Failure: d.Failure, Attempts: d.Attempts,
 			FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt, Status: d.Status, ResolvedAt: d.ResolvedAt,
 		}
 		if d.RecordTime != nil {
@@ -261,6 +379,20 @@ func nullString(s string) *string {
 	}
 	s = recordsql.TextSafe(s)
 	return &s
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 func nullSeq(seq int64) *int64 {

@@ -4,7 +4,15 @@ package tables
 // order.
 const DeadLetterColumns = `id, consumer, topic, kafka_partition, kafka_offset, record_key, value, header_keys, header_values,
     record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts,
-    first_failed_at, last_failed_at, status, resolved_at`
+    first_failed_at, last_failed_at, status, resolved_at, reason, failure`
+
+// deadLetterFilter is the WHERE of List, Match and Preview: consumer $1,
+// topic $2, status $3, aggregate type $4 and id $5, reason $6, failure $7,
+// first failed at or after $8 and before $9, where those are not NULL.
+const deadLetterFilter = `($1::text IS NULL OR consumer = $1) AND ($2::text IS NULL OR topic = $2) AND ($3::text IS NULL OR status = $3)
+  AND ($4::text IS NULL OR aggregate_type = $4) AND ($5::text IS NULL OR aggregate_id = $5)
+  AND ($6::text IS NULL OR reason = $6) AND ($7::text IS NULL OR failure = $7)
+  AND ($8::timestamptz IS NULL OR first_failed_at >= $8) AND ($9::timestamptz IS NULL OR first_failed_at < $9)`
 
 // DeadLetters are the statements on dead_letters, the records a consumer
 // gave up on.
@@ -12,7 +20,8 @@ type DeadLetters struct {
 	// Put stores a letter ($1 consumer, $2 topic, $3 partition, $4 offset,
 	// $5 key, $6 value, $7 and $8 header keys and values, $9 timestamp,
 	// $10 idempotency key, $11 to $13 aggregate type, id and sequence, $14
-	// error, $15 stack, $16 attempts) and returns its id. The record's
+	// error, $15 stack, $16 attempts, $17 reason, $18 failure) and returns
+	// its id. The record's
 	// fingerprint is part of the unique key, so that a redelivered failure
 	// updates its letter and a different record at the same offset gets its
 	// own. The WHERE keeps a resolved letter as it is: no row comes back for
@@ -23,10 +32,22 @@ type DeadLetters struct {
 	// GetForUpdate reads letter $1 and locks it: a second replay of the same
 	// letter waits there and then finds it resolved.
 	GetForUpdate string
-	// List reads up to $7 letters with ids above $6, lowest first, filtered
-	// by consumer $1, topic $2, status $3, aggregate type $4 and id $5 where
-	// those are not NULL.
+	// List reads up to $11 letters with ids above $10, lowest first,
+	// filtered as deadLetterFilter says.
 	List string
+	// Match reads the id, aggregate and sequence of up to $10 letters
+	// filtered as deadLetterFilter says, in the order an operator acts on
+	// them: by aggregate, each aggregate's in sequence order, the
+	// unsequenced ones last.
+	Match string
+	// Preview counts, of the letters filtered as deadLetterFilter says, up
+	// to $10 letters, their distinct aggregates, and the records parked
+	// behind those aggregates.
+	Preview string
+	// Failures groups consumer $1's open letters by failure: up to $2
+	// groups, largest first, each with its reason, count, oldest and newest
+	// failure and lowest letter id.
+	Failures string
 	// SetStatus sets letter $1's status to $2 and stamps resolved_at.
 	SetStatus string
 	// Holds says whether an open letter of consumer $1's aggregate ($2, $3)
@@ -39,18 +60,28 @@ func deadLetters(q func(string) string) DeadLetters {
 	return DeadLetters{
 		Put: q(`INSERT INTO {schema}.dead_letters AS d (consumer, topic, kafka_partition, kafka_offset, record_key, value,
     header_keys, header_values, record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts,
-    fingerprint)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, {schema}.record_fingerprint($5, $6, $7, $8))
+    fingerprint, reason, failure)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, {schema}.record_fingerprint($5, $6, $7, $8), $17, $18)
 ON CONFLICT (consumer, topic, kafka_partition, kafka_offset, fingerprint) DO UPDATE
-SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error, stack = EXCLUDED.stack, last_failed_at = now()
+SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error, stack = EXCLUDED.stack, last_failed_at = now(),
+    reason = EXCLUDED.reason, failure = EXCLUDED.failure
 WHERE d.status = 'dead'
 RETURNING id`),
 		Get:          q(`SELECT ` + DeadLetterColumns + ` FROM {schema}.dead_letters WHERE id = $1`),
 		GetForUpdate: q(`SELECT ` + DeadLetterColumns + ` FROM {schema}.dead_letters WHERE id = $1 FOR UPDATE`),
 		List: q(`SELECT ` + DeadLetterColumns + ` FROM {schema}.dead_letters
-WHERE ($1::text IS NULL OR consumer = $1) AND ($2::text IS NULL OR topic = $2) AND ($3::text IS NULL OR status = $3)
-  AND ($4::text IS NULL OR aggregate_type = $4) AND ($5::text IS NULL OR aggregate_id = $5) AND id > $6
-ORDER BY id LIMIT $7`),
+WHERE ` + deadLetterFilter + ` AND id > $10
+ORDER BY id LIMIT $11`),
+		Match: q(`SELECT id, coalesce(aggregate_type, ''), coalesce(aggregate_id, ''), coalesce(aggregate_seq, 0) FROM {schema}.dead_letters
+WHERE ` + deadLetterFilter + `
+ORDER BY aggregate_seq IS NULL, aggregate_type, aggregate_id, aggregate_seq, id LIMIT $10`),
+		Preview: q(`WITH m AS (SELECT consumer, aggregate_type, aggregate_id FROM {schema}.dead_letters WHERE ` + deadLetterFilter + ` LIMIT $10),
+a AS (SELECT DISTINCT consumer, aggregate_type, aggregate_id FROM m WHERE aggregate_id IS NOT NULL)
+SELECT (SELECT count(*) FROM m), (SELECT count(*) FROM a),
+       (SELECT count(*) FROM {schema}.parked p JOIN a USING (consumer, aggregate_type, aggregate_id))`),
+		Failures: q(`SELECT failure, min(reason), count(*), min(first_failed_at), max(last_failed_at), min(id)
+FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead'
+GROUP BY failure ORDER BY count(*) DESC, failure LIMIT $2`),
 		SetStatus: q(`UPDATE {schema}.dead_letters SET status = $2, resolved_at = now() WHERE id = $1`),
 		Holds: q(`SELECT EXISTS (SELECT 1 FROM {schema}.dead_letters
     WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND status = 'dead' AND aggregate_seq > $4 AND aggregate_seq < $5)`),

@@ -1,0 +1,119 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Reasons a record is dead-lettered for, the classes of
+// deadletter.Letter.Reason and LetterCount.Reason.
+const (
+	reasonHandler       = "handler"
+	reasonPanic         = "panic"
+	reasonTimeout       = "timeout"
+	reasonSequence      = "sequence"
+	reasonInput         = "input"
+	reasonDeliveryLimit = "delivery_limit"
+)
+
+// fingerprint returns the reason a record failed with err after attempts runs
+// of its handler (0: it never reached the handler), and its failure
+// fingerprint: the reason with, for a panic, the panic value's type and the
+// first frame of the handler's stack, and otherwise the type of the error
+// at the bottom of err's chain and its wording with numbers masked, so that
+// the same fault in different records (other ids, other amounts) groups
+// together.
+func fingerprint(err error, attempts int) (reason, failure string) {
+	var (
+		pe  *PanicError
+		te  *HandlerTimeoutError
+		sre *SequenceReusedError
+	)
+	switch {
+	case errors.As(err, &pe):
+		return reasonPanic, fmt.Sprintf("panic %T at %s", pe.Value, firstFrame(string(pe.Stack)))
+	case errors.As(err, &te):
+		return reasonTimeout, fmt.Sprintf("timeout after %s", te.Timeout)
+	case errors.Is(err, ErrDeliveryLimit):
+		return reasonDeliveryLimit, reasonDeliveryLimit
+	case errors.As(err, &sre):
+		return reasonSequence, "sequence: " + masked(err.Error())
+	case attempts == 0:
+		return reasonInput, "input: " + masked(err.Error())
+	}
+	return reasonHandler, fmt.Sprintf("handler %T: %s", root(err), masked(err.Error()))
+}
+
+// root is the error at the bottom of err's chain, following the first
+// branch of a joined error.
+func root(err error) error {
+	for {
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			next := u.Unwrap()
+			if next == nil {
+				return err
+			}
+			err = next
+		case interface{ Unwrap() []error }:
+			next := u.Unwrap()
+			if len(next) == 0 {
+				return err
+			}
+			err = next[0]
+		default:
+			return err
+		}
+	}
+}
+
+var (
+	digits = regexp.MustCompile(`[0-9]+`)
+	quoted = regexp.MustCompile(`"[^"]*"|'[^']*'`)
+)
+
+// maxFailure bounds the wording a fingerprint keeps.
+const maxFailure = 160
+
+// masked is msg with quoted strings and numbers masked, cut to maxFailure
+// bytes at a rune boundary.
+func masked(msg string) string {
+	msg = digits.ReplaceAllString(quoted.ReplaceAllString(msg, `"…"`), "N")
+	if len(msg) <= maxFailure {
+		return msg
+	}
+	cut := maxFailure
+	for cut > 0 && !isRuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut]
+}
+
+func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// firstFrame is the function that panicked, read from a debug.Stack of the
+// recovering goroutine: the first frame after the panic call that is not
+// the runtime's, without its arguments; "unknown" when there is none.
+func firstFrame(stack string) string {
+	lines := strings.Split(stack, "\n")
+	after := false
+	for _, l := range lines {
+		if strings.HasPrefix(l, "\t") || l == "" {
+			continue
+		}
+		if strings.HasPrefix(l, "panic(") {
+			after = true
+			continue
+		}
+		if !after || strings.HasPrefix(l, "runtime.") {
+			continue
+		}
+		if i := strings.LastIndex(l, "("); i > 0 {
+			l = l[:i]
+		}
+		return l
+	}
+	return "unknown"
+}
