@@ -22,7 +22,8 @@ const (
 // of its handler (0: it never reached the handler), and its failure
 // fingerprint: the reason with, for a panic, the panic value's type and the
 // first frame of the handler's stack, and otherwise the type of the error
-// at the bottom of err's chain and its wording with numbers masked, so that
+// at the bottom of err's chain (unless errors.New or fmt.Errorf made it)
+// and its wording with numbers and quoted strings masked, so that
 // the same fault in different records (other ids, other amounts) groups
 // together.
 func fingerprint(err error, attempts int) (reason, failure string) {
@@ -43,8 +44,15 @@ func fingerprint(err error, attempts int) (reason, failure string) {
 	case attempts == 0:
 		return reasonInput, "input: " + masked(err.Error())
 	}
-	return reasonHandler, fmt.Sprintf("handler %T: %s", root(err), masked(err.Error()))
+	if t := fmt.Sprintf("%T", root(err)); !plainErrors[t] {
+		return reasonHandler, fmt.Sprintf("handler %s: %s", t, masked(err.Error()))
+	}
+	return reasonHandler, "handler: " + masked(err.Error())
 }
+
+// plainErrors are the types of errors.New and fmt.Errorf, which say
+// nothing about a failure that its wording does not.
+var plainErrors = map[string]bool{"*errors.errorString": true, "*fmt.wrapError": true, "*fmt.wrapErrors": true, "*errors.joinError": true}
 
 // root is the error at the bottom of err's chain, following the first
 // branch of a joined error.

@@ -35,7 +35,8 @@ func TestFingerprint(t *testing.T) {
 		reason, failure string
 	}{
 		{"Handler", fmt.Errorf("charge order 42 of %q: %w", "alice", base), 3, "handler",
-			`handler *errors.errorString: charge order N of "…": downstream broken`},
+			`handler: charge order N of "…": downstream broken`},
+		{"HandlerTyped", fmt.Errorf("insert: %w", &typedError{}), 1, "handler", "handler *consumer.typedError: insert: typed"},
 		{"Timeout", &HandlerTimeoutError{Timeout: time.Second, Err: errors.New("ctx")}, 5, "timeout", "timeout after 1s"},
 		{"DeliveryLimit", fmt.Errorf("%w (delivery 5 of 5): %w", ErrDeliveryLimit, base), 0, "delivery_limit", "delivery_limit"},
 		{"Sequence", &SequenceReusedError{Aggregate: ordering.Aggregate{Type: "order", ID: "o-7"}, Seq: 3, Position: 9}, 1, "sequence", ""},
@@ -69,7 +70,11 @@ func TestFingerprint(t *testing.T) {
 	t.Run("LongWordingIsCutAtARune", func(t *testing.T) {
 		t.Parallel()
 		_, f := fingerprint(errors.New(strings.Repeat("é", 200)), 1)
-		require.LessOrEqual(t, len(f), len("handler *errors.errorString: ")+maxFailure)
+		require.LessOrEqual(t, len(f), len("handler: ")+maxFailure)
 		require.True(t, strings.HasSuffix(f, "é"))
 	})
 }
+
+type typedError struct{}
+
+func (*typedError) Error() string { return "typed" }

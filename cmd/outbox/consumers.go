@@ -8,8 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/d419a114/outbox/consumer"
 )
 
@@ -26,14 +24,14 @@ type consumerRow struct {
 
 // consumers prints, for each consumer found in schema, what it has set
 // aside and what it keeps: a table that fits 80 columns, or JSON.
-func consumers(ctx context.Context, pool *pgxpool.Pool, schema, format string, out io.Writer) error {
-	names, err := consumer.Consumers(ctx, pool, schema)
+func consumers(ctx context.Context, e *env) error {
+	names, err := consumer.Consumers(ctx, e.pool, e.schema)
 	if err != nil {
 		return err
 	}
 	rows := make([]consumerRow, 0, len(names))
 	for _, n := range names {
-		h, err := consumer.ReadHealth(ctx, pool, schema, n)
+		h, err := consumer.ReadHealth(ctx, e.pool, e.schema, n)
 		if err != nil {
 			return err
 		}
@@ -44,18 +42,23 @@ func consumers(ctx context.Context, pool *pgxpool.Pool, schema, format string, o
 		}
 		rows = append(rows, r)
 	}
-	if format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+	if e.format == "json" {
+		return writeJSON(e.out, rows)
 	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tLETTERS\tPARKED\tAGGREGATES\tOLDEST GAP\tKEYS\tOLDEST KEY")
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%s\n", r.Consumer, r.OpenLetters, r.ParkedRecords, r.ParkedAggregates,
 			age(r.OldestGapSeconds), r.ProcessedKeys, age(r.OldestKeySeconds))
 	}
 	return tw.Flush()
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // age prints seconds as a short duration, "-" for none.

@@ -1,15 +1,23 @@
 // Command outbox applies the SDK's migrations and helps operate the
-// outbox from a shell.
+// outbox and its consumers from a shell.
 //
 //	outbox migrate [-schema outbox] [-partition-by-day]
-//	outbox sql                       print the migrations, in order
-//	outbox health  [-schema outbox]
-//	outbox consumers [-schema outbox] [-o table|json]   what each consumer set aside and keeps
-//	outbox dead list    [-schema outbox] [-status dead] [-aggregate-type T] [-aggregate-id ID]
-//	outbox dead replay  [-schema outbox] ID
-//	outbox dead discard [-schema outbox] ID
+//	outbox sql                              print the migrations, in order
+//	outbox health [-o table|json]           the producer's backlog
+//	outbox dead list|replay|discard         the producer's dead events
+//	outbox consumers [-o table|json]        what each consumer set aside
+//	outbox letters list|show|replay|discard a consumer's dead letters
+//	outbox gaps list|resolve                a consumer's open gaps
+//	outbox requests [-consumer C]           operator requests and their outcome
+//	outbox dashboard [-listen 127.0.0.1:8080]
 //
-// The database comes from -database or DATABASE_URL.
+// Replaying or discarding a consumer's letters, and resolving its gaps,
+// needs its handler: the command submits a request (package operator) that
+// the running consumer carries out, and -wait follows it to its end.
+//
+// The database comes from -database or DATABASE_URL. Exit codes: 0 done, 1
+// the command could not run, 2 a wrong command line, 3 not found, 4 the
+// action failed, 5 -wait ran out with the request still going on.
 package main
 
 import (
@@ -18,39 +26,110 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
-	"text/tabwriter"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/d419a114/outbox"
-	"github.com/d419a114/outbox/producer"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "outbox:", err)
-		os.Exit(1)
 	}
+	stop()
+	os.Exit(exitCode(err))
 }
 
 const usage = `usage:
   outbox migrate [-schema outbox] [-partition-by-day]
   outbox sql
-  outbox health [-schema outbox]
-  outbox consumers [-schema outbox] [-o table|json]
-  outbox dead list [-schema outbox] [-status dead] [-aggregate-type T] [-aggregate-id ID]
-  outbox dead replay [-schema outbox] ID
-  outbox dead discard [-schema outbox] ID
-The database comes from -database or DATABASE_URL.`
+  outbox health [-o table|json]
+  outbox dead list [-status dead|replayed|discarded|all] [-aggregate-type T] [-aggregate-id ID] [-o table|json]
+  outbox dead replay|discard ID
+  outbox consumers [-o table|json]
+  outbox letters list [FILTER] [-status dead|replayed|discarded|all] [-after ID] [-limit N] [-group] [-o table|json]
+  outbox letters show [-o table|json] ID
+  outbox letters replay|discard [-wait D] [-by NAME] ID
+  outbox letters replay|discard -consumer C [FILTER | -all] [-dry-run] [-rate N] [-wait D] [-by NAME]
+  outbox gaps list [-consumer C] [-o table|json]
+  outbox gaps resolve -consumer C -aggregate-type T -aggregate-id ID [-wait D] [-by NAME]
+  outbox requests [-consumer C] [-limit N] [-o table|json]
+  outbox dashboard [-listen 127.0.0.1:8080]
+FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failure F -since D -until D
+  (-since/-until: a duration ago, such as 2h, or an RFC 3339 time)
+Every command takes -schema (default outbox) and -database (default $DATABASE_URL).
+Exit codes: 0 done, 1 could not run, 2 usage, 3 not found, 4 the action failed, 5 -wait ran out.`
 
 var errUsage = errors.New(usage) //nolint:staticcheck // printed to the user as it is: sentences and lines
+
+// usageError is a wrong command line: what is wrong, then the usage.
+func usageError(format string, args ...any) error {
+	return fmt.Errorf("%s\n%w", fmt.Sprintf(format, args...), errUsage)
+}
+
+// opts are the command line's flags; each command reads those it needs.
+type opts struct {
+	database, schema, format string
+	partition                bool
+	status                   string
+	consumer, topic, reason  string
+	aggType, aggID, failure  string
+	since, until             string
+	after                    int64
+	limit                    int
+	group, all, dryRun       bool
+	rate                     float64
+	wait                     time.Duration
+	by, listen               string
+}
+
+func parse(cmd string, args []string) (*opts, *flag.FlagSet, error) {
+	o := &opts{}
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.database, "database", os.Getenv("DATABASE_URL"), "PostgreSQL connection string")
+	fs.StringVar(&o.schema, "schema", outbox.DefaultSchema, "schema of the outbox tables")
+	fs.StringVar(&o.format, "o", "table", "output: table or json")
+	fs.BoolVar(&o.partition, "partition-by-day", false, "migrate: create the events table partitioned by day")
+	fs.StringVar(&o.status, "status", "dead", "dead, replayed, discarded or all")
+	fs.StringVar(&o.consumer, "consumer", "", "the consumer")
+	fs.StringVar(&o.topic, "topic", "", "only letters of this topic")
+	fs.StringVar(&o.aggType, "aggregate-type", "", "only this aggregate type")
+	fs.StringVar(&o.aggID, "aggregate-id", "", "only this aggregate id")
+	fs.StringVar(&o.reason, "reason", "", "only letters with this reason: handler, panic, timeout, sequence, input, delivery_limit")
+	fs.StringVar(&o.failure, "failure", "", "only letters with this failure fingerprint")
+	fs.StringVar(&o.since, "since", "", "only letters that first failed since then")
+	fs.StringVar(&o.until, "until", "", "only letters that first failed before then")
+	fs.Int64Var(&o.after, "after", 0, "page: only ids above this one")
+	fs.IntVar(&o.limit, "limit", 100, "at most this many rows")
+	fs.BoolVar(&o.group, "group", false, "letters list: group the open letters by failure fingerprint")
+	fs.BoolVar(&o.all, "all", false, "act on every open letter of the consumer")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "count what the action would touch, do nothing")
+	fs.Float64Var(&o.rate, "rate", 0, "at most this many letters per second; 0 is no bound")
+	fs.DurationVar(&o.wait, "wait", 0, "wait this long for the consumer to finish the request")
+	fs.StringVar(&o.by, "by", os.Getenv("USER"), "who asks, for the audit log")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "dashboard: address to serve on")
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, usageError("%s: %v", cmd, err)
+	}
+	if o.format != "table" && o.format != "json" {
+		return nil, nil, usageError("%s: -o %q: want table or json", cmd, o.format)
+	}
+	if o.status == "all" {
+		o.status = ""
+	}
+	return o, fs, nil
+}
+
+// subcommands are the commands that take a verb.
+var subcommands = map[string]bool{"dead": true, "letters": true, "gaps": true}
 
 // run executes one command line; it is main without the process around it.
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -58,104 +137,56 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return errUsage
 	}
 	cmd, args := args[0], args[1:]
-	if cmd == "dead" {
-		if len(args) == 0 {
-			return errUsage
+	if subcommands[cmd] {
+		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+			return usageError("%s needs a verb", cmd)
 		}
-		cmd, args = "dead "+args[0], args[1:]
+		cmd, args = cmd+" "+args[0], args[1:]
 	}
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	database := fs.String("database", os.Getenv("DATABASE_URL"), "PostgreSQL connection string")
-	schema := fs.String("schema", outbox.DefaultSchema, "schema of the outbox tables")
-	partition := fs.Bool("partition-by-day", false, "migrate: create the events table partitioned by day")
-	status := fs.String("status", "dead", "dead list: dead, replayed, discarded or all")
-	aggType := fs.String("aggregate-type", "", "dead list: only this aggregate type")
-	aggID := fs.String("aggregate-id", "", "dead list: only this aggregate id")
-	format := fs.String("o", "table", "consumers: table or json")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%s: %w\n%s", cmd, err, usage)
+	o, fs, err := parse(cmd, args)
+	if err != nil {
+		return err
 	}
-
 	if cmd == "sql" {
-		list, err := outbox.MigrationList()
-		if err != nil {
-			return err
-		}
-		for _, m := range list {
-			fmt.Fprintf(out, "-- %s\n%s\n", m.Name, m.SQL)
-		}
-		return nil
+		return printSQL(out)
 	}
-	if *database == "" {
-		return errors.New("no database: set DATABASE_URL or pass -database")
+	h, ok := handlers[cmd]
+	if !ok {
+		return usageError("unknown command %q", cmd)
 	}
-	pool, err := pgxpool.New(ctx, *database)
+	if o.database == "" {
+		return withCode(exitUsage, errors.New("no database: set DATABASE_URL or pass -database"))
+	}
+	pool, err := pgxpool.New(ctx, o.database)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
+	return h(ctx, &env{pool: pool, opts: o, args: fs.Args(), out: out, cmd: cmd})
+}
 
-	if *format != "table" && *format != "json" {
-		return fmt.Errorf("%s: -o %q: want table or json\n%s", cmd, *format, usage)
-	}
+// env is what a command runs with.
+type env struct {
+	pool *pgxpool.Pool
+	*opts
+	args []string
+	out  io.Writer
+	cmd  string
+}
 
-	switch cmd {
-	case "consumers":
-		return consumers(ctx, pool, *schema, *format, out)
-	case "migrate":
-		applied, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: *schema, PartitionEventsByDay: *partition, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			return err
-		}
-		if len(applied) == 0 {
-			fmt.Fprintf(out, "schema %s is up to date\n", *schema)
-		}
-		for _, v := range applied {
-			fmt.Fprintf(out, "applied version %d to schema %s\n", v, *schema)
-		}
-		return nil
-	case "health":
-		h, err := producer.ReadHealth(ctx, pool, *schema)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "undelivered %d\noldest_undelivered %s\ndead %d\n", h.Undelivered, h.OldestUndelivered.Round(time.Millisecond), h.Dead)
-		return nil
-	case "dead list":
-		if *status == "all" {
-			*status = ""
-		}
-		list, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: *schema}).List(ctx, pool,
-			&producer.ListOpts{Status: producer.Status(*status), AggregateType: *aggType, AggregateID: *aggID, Limit: 1000})
-		if err != nil {
-			return err
-		}
-		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tAGGREGATE\tSEQ\tTYPE\tSTATUS\tATTEMPTS\tDIED\tLAST ERROR")
-		for _, d := range list {
-			fmt.Fprintf(tw, "%d\t%s/%s\t%d\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.Seq, d.EventType, d.Status, d.Attempts, d.DiedAt.UTC().Format(time.RFC3339), d.LastError)
-		}
-		return tw.Flush()
-	case "dead replay", "dead discard":
-		if fs.NArg() != 1 {
-			return fmt.Errorf("%s needs one dead event id\n%s", cmd, usage)
-		}
-		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
-		if err != nil {
-			return fmt.Errorf("%s: id %q is not a number", cmd, fs.Arg(0))
-		}
-		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: *schema})
-		if cmd == "dead replay" {
-			err = dead.Replay(ctx, pool, id)
-		} else {
-			err = dead.Discard(ctx, pool, id)
-		}
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(out, "%s: done for dead event %d\n", cmd, id)
-		return nil
-	}
-	return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+// handlers are the commands that need the database, by name.
+var handlers = map[string]func(context.Context, *env) error{
+	"migrate":         migrate,
+	"health":          health,
+	"dead list":       deadList,
+	"dead replay":     deadResolve,
+	"dead discard":    deadResolve,
+	"consumers":       consumers,
+	"letters list":    lettersList,
+	"letters show":    letterShow,
+	"letters replay":  lettersAct,
+	"letters discard": lettersAct,
+	"gaps list":       gapsList,
+	"gaps resolve":    gapResolve,
+	"requests":        requests,
 }

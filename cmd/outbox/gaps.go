@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/operator"
+	"github.com/d419a114/outbox/ordering"
+)
+
+// gapRow is an open gap as the gaps command writes it in JSON.
+type gapRow struct {
+	Consumer      string    `json:"consumer"`
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	Last          int64     `json:"last_applied"`
+	Expected      int64     `json:"expected"`
+	FirstParked   int64     `json:"first_parked,omitempty"`
+	Parked        int       `json:"parked"`
+	Since         time.Time `json:"since"`
+	DeadLetterID  int64     `json:"dead_letter_id,omitempty"`
+	DeadLetterSeq int64     `json:"dead_letter_seq,omitempty"`
+}
+
+// gaps reads the open gaps of -consumer, or of every consumer.
+func gaps(ctx context.Context, e *env) ([]gapRow, error) {
+	names := []string{e.consumer}
+	if e.consumer == "" {
+		var err error
+		if names, err = consumer.Consumers(ctx, e.pool, e.schema); err != nil {
+			return nil, err
+		}
+	}
+	rows := []gapRow{}
+	for _, n := range names {
+		t, err := ordering.New(n, &ordering.Config{Schema: e.schema})
+		if err != nil {
+			return nil, err
+		}
+		gs, err := t.Gaps(ctx, e.pool)
+		if err != nil {
+			return nil, err
+		}
+		for _, g := range gs {
+			rows = append(rows, gapRow{Consumer: n, AggregateType: g.Aggregate.Type, AggregateID: g.Aggregate.ID, Last: g.Last,
+				Expected: g.Expected, FirstParked: g.FirstParked, Parked: g.Parked, Since: g.Since,
+				DeadLetterID: g.DeadLetterID, DeadLetterSeq: g.DeadLetterSeq})
+		}
+	}
+	return rows, nil
+}
+
+func gapsList(ctx context.Context, e *env) error {
+	rows, err := gaps(ctx, e)
+	if err != nil {
+		return err
+	}
+	if e.format == "json" {
+		return writeJSON(e.out, rows)
+	}
+	cells := make([][]string, 0, len(rows))
+	for _, g := range rows {
+		end := g.FirstParked - 1
+		if g.FirstParked == 0 {
+			end = g.DeadLetterSeq - 1
+		}
+		missing := fmt.Sprintf("%d..%d", g.Expected, end)
+		letter := "-"
+		if g.DeadLetterID != 0 {
+			letter = fmt.Sprintf("%d (seq %d)", g.DeadLetterID, g.DeadLetterSeq)
+		}
+		cells = append(cells, []string{g.Consumer, g.AggregateType + "/" + g.AggregateID, missing, strconv.Itoa(g.Parked), ago(g.Since), letter})
+	}
+	return table(e.out, []string{"CONSUMER", "AGGREGATE", "MISSING", "PARKED", "AGE", "DEAD LETTER"}, cells, []int{14, 24, 0, 0, 0, 0})
+}
+
+func gapResolve(ctx context.Context, e *env) error {
+	if e.consumer == "" || e.aggID == "" {
+		return usageError("gaps resolve needs -consumer, -aggregate-type and -aggregate-id")
+	}
+	rows, err := gaps(ctx, e)
+	if err != nil {
+		return err
+	}
+	agg := ordering.Aggregate{Type: e.aggType, ID: e.aggID}
+	var found *gapRow
+	for i := range rows {
+		if rows[i].AggregateType == agg.Type && rows[i].AggregateID == agg.ID {
+			found = &rows[i]
+		}
+	}
+	if found == nil {
+		return withCode(exitNotFound, fmt.Errorf("consumer %s has no open gap at %s", e.consumer, agg))
+	}
+	fmt.Fprintf(e.out, "resolve the gap of %s for %s: skip from %d; %d parked records may drain\n", agg, e.consumer, found.Expected, found.Parked)
+	if found.DeadLetterID != 0 && found.DeadLetterSeq == found.Expected {
+		return withCode(exitFailed, fmt.Errorf("the gap is dead letter %d: replay or discard it instead (outbox letters replay %d)", found.DeadLetterID, found.DeadLetterID))
+	}
+	if e.dryRun {
+		return nil
+	}
+	return e.submit(ctx, &operator.Request{Consumer: e.consumer, Action: operator.ResolveGap, RequestedBy: e.by,
+		Letters: deadletter.ListOpts{AggregateType: agg.Type, AggregateID: agg.ID}})
+}

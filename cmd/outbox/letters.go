@@ -1,0 +1,291 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/operator"
+)
+
+// filter is the letters the command line's FILTER flags match.
+func (e *env) filter() (deadletter.ListOpts, error) {
+	now := time.Now()
+	after, err := when("since", e.since, now)
+	if err != nil {
+		return deadletter.ListOpts{}, err
+	}
+	before, err := when("until", e.until, now)
+	if err != nil {
+		return deadletter.ListOpts{}, err
+	}
+	return deadletter.ListOpts{Consumer: e.consumer, Topic: e.topic, Status: deadletter.Status(e.status),
+		AggregateType: e.aggType, AggregateID: e.aggID, Reason: e.reason, Failure: e.failure,
+		FailedAfter: after, FailedBefore: before, AfterID: e.after, Limit: e.limit}, nil
+}
+
+func (e *env) letters() *deadletter.Store {
+	return deadletter.New(&deadletter.Config{Schema: e.schema})
+}
+
+func (e *env) operator() *operator.Store { return operator.New(&operator.Config{Schema: e.schema}) }
+
+// letterRow is a letter as the list command writes it in JSON.
+type letterRow struct {
+	ID            int64     `json:"id"`
+	Consumer      string    `json:"consumer"`
+	Topic         string    `json:"topic"`
+	Partition     int32     `json:"partition"`
+	Offset        int64     `json:"offset"`
+	AggregateType string    `json:"aggregate_type,omitempty"`
+	AggregateID   string    `json:"aggregate_id,omitempty"`
+	Seq           int64     `json:"seq,omitempty"`
+	Reason        string    `json:"reason"`
+	Failure       string    `json:"failure"`
+	Error         string    `json:"error"`
+	Attempts      int       `json:"attempts"`
+	Status        string    `json:"status"`
+	FirstFailedAt time.Time `json:"first_failed_at"`
+	LastFailedAt  time.Time `json:"last_failed_at"`
+}
+
+func rowOf(l *deadletter.Letter) letterRow {
+	return letterRow{ID: l.ID, Consumer: l.Consumer, Topic: l.Record.Topic, Partition: l.Record.Partition, Offset: l.Record.Offset,
+		AggregateType: l.AggregateType, AggregateID: l.AggregateID, Seq: l.Seq, Reason: l.Reason, Failure: l.Failure,
+		Error: l.Error, Attempts: l.Attempts, Status: string(l.Status), FirstFailedAt: l.FirstFailedAt, LastFailedAt: l.LastFailedAt}
+}
+
+func lettersList(ctx context.Context, e *env) error {
+	if e.group {
+		return failures(ctx, e)
+	}
+	f, err := e.filter()
+	if err != nil {
+		return err
+	}
+	ls, err := e.letters().List(ctx, e.pool, &f)
+	if err != nil {
+		return err
+	}
+	if e.format == "json" {
+		rows := make([]letterRow, 0, len(ls))
+		for _, l := range ls {
+			rows = append(rows, rowOf(l))
+		}
+		return writeJSON(e.out, rows)
+	}
+	rows := make([][]string, 0, len(ls))
+	for _, l := range ls {
+		agg, seq := "-", "-"
+		if l.AggregateID != "" || l.Seq != 0 {
+			agg = l.AggregateType + "/" + l.AggregateID
+		}
+		if l.Seq != 0 {
+			seq = strconv.FormatInt(l.Seq, 10)
+		}
+		rows = append(rows, []string{strconv.FormatInt(l.ID, 10), l.Consumer, agg, seq, l.Reason,
+			strconv.Itoa(l.Attempts), ago(l.FirstFailedAt), l.Error})
+	}
+	return table(e.out, []string{"ID", "CONSUMER", "AGGREGATE", "SEQ", "REASON", "TRIES", "AGE", "ERROR"}, rows,
+		[]int{0, 12, 16, 0, 0, 0, 0, 0})
+}
+
+// failureRow is a group of letters as list -group writes it in JSON.
+type failureRow struct {
+	Failure  string    `json:"failure"`
+	Reason   string    `json:"reason"`
+	Count    int64     `json:"count"`
+	Oldest   time.Time `json:"oldest"`
+	Newest   time.Time `json:"newest"`
+	SampleID int64     `json:"sample_id"`
+}
+
+// failures writes the consumer's open letters grouped by failure.
+func failures(ctx context.Context, e *env) error {
+	if e.consumer == "" {
+		return usageError("letters list -group needs -consumer")
+	}
+	fs, err := e.letters().Failures(ctx, e.pool, e.consumer, e.limit)
+	if err != nil {
+		return err
+	}
+	if e.format == "json" {
+		out := make([]failureRow, 0, len(fs))
+		for _, f := range fs {
+			out = append(out, failureRow{Failure: f.Failure, Reason: f.Reason, Count: f.Count, Oldest: f.Oldest, Newest: f.Newest, SampleID: f.SampleID})
+		}
+		return writeJSON(e.out, out)
+	}
+	rows := make([][]string, 0, len(fs))
+	for _, f := range fs {
+		rows = append(rows, []string{strconv.FormatInt(f.Count, 10), f.Reason, ago(f.Oldest), ago(f.Newest),
+			strconv.FormatInt(f.SampleID, 10), f.Failure})
+	}
+	return table(e.out, []string{"COUNT", "REASON", "OLDEST", "NEWEST", "SAMPLE", "FAILURE"}, rows, []int{0, 0, 0, 0, 0, 0})
+}
+
+// letterDetail is a letter as the show command writes it in JSON: the
+// value as text when it is UTF-8, and always as hex.
+type letterDetail struct {
+	letterRow
+	Key       string            `json:"key"`
+	Headers   map[string]string `json:"headers"`
+	ValueText *string           `json:"value_text,omitempty"`
+	ValueHex  string            `json:"value_hex"`
+	Stack     string            `json:"stack,omitempty"`
+	ResolveAt *time.Time        `json:"resolved_at,omitempty"`
+}
+
+func letterShow(ctx context.Context, e *env) error {
+	id, err := oneID(e, "dead letter")
+	if err != nil {
+		return err
+	}
+	l, err := e.letters().Get(ctx, e.pool, id)
+	if errors.Is(err, deadletter.ErrNotFound) {
+		return withCode(exitNotFound, err)
+	}
+	if err != nil {
+		return err
+	}
+	d := letterDetail{letterRow: rowOf(l), Key: string(l.Record.Key), Headers: map[string]string{}, ValueHex: hex.EncodeToString(l.Record.Value),
+		Stack: l.Stack, ResolveAt: l.ResolvedAt}
+	for _, h := range l.Record.Headers {
+		d.Headers[h.Key] = printable(h.Value)
+	}
+	if utf8.Valid(l.Record.Value) {
+		v := string(l.Record.Value)
+		d.ValueText = &v
+	}
+	if e.format == "json" {
+		return writeJSON(e.out, d)
+	}
+	fmt.Fprintf(e.out, "letter     %d (%s)\nconsumer   %s\nrecord     %s/%d@%d key %q\n", l.ID, l.Status, l.Consumer,
+		l.Record.Topic, l.Record.Partition, l.Record.Offset, l.Record.Key)
+	if l.AggregateID != "" || l.Seq != 0 {
+		fmt.Fprintf(e.out, "aggregate  %s/%s seq %d\n", l.AggregateType, l.AggregateID, l.Seq)
+	}
+	fmt.Fprintf(e.out, "reason     %s\nfailure    %s\nattempts   %d, first %s, last %s\nerror      %s\n", l.Reason, l.Failure, l.Attempts,
+		l.FirstFailedAt.UTC().Format(time.RFC3339), l.LastFailedAt.UTC().Format(time.RFC3339), l.Error)
+	for _, h := range l.Record.Headers {
+		fmt.Fprintf(e.out, "header     %s: %s\n", h.Key, printable(h.Value))
+	}
+	fmt.Fprintf(e.out, "value      %d bytes\n%s\n", len(l.Record.Value), printable(l.Record.Value))
+	if l.Stack != "" {
+		fmt.Fprintf(e.out, "stack\n%s\n", l.Stack)
+	}
+	return nil
+}
+
+// printable is b as text when it is UTF-8, else as hex.
+func printable(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return "hex:" + hex.EncodeToString(b)
+}
+
+func lettersAct(ctx context.Context, e *env) error {
+	action := operator.Replay
+	if e.cmd == "letters discard" {
+		action = operator.Discard
+	}
+	r := &operator.Request{Action: action, Rate: e.rate, RequestedBy: e.by}
+	var (
+		preview deadletter.Preview
+		what    string
+	)
+	switch len(e.args) {
+	case 1:
+		id, err := oneID(e, "dead letter")
+		if err != nil {
+			return err
+		}
+		l, err := e.letters().Get(ctx, e.pool, id)
+		if errors.Is(err, deadletter.ErrNotFound) {
+			return withCode(exitNotFound, err)
+		}
+		if err != nil {
+			return err
+		}
+		if l.Status != deadletter.StatusDead {
+			return withCode(exitFailed, fmt.Errorf("dead letter %d is %s already", id, l.Status))
+		}
+		r.Consumer, r.LetterID = l.Consumer, id
+		what = fmt.Sprintf("letter %d of %s", id, l.Consumer)
+		if l.AggregateID != "" {
+			preview, err = e.letters().Preview(ctx, e.pool, &deadletter.ListOpts{Consumer: l.Consumer, Status: deadletter.StatusDead,
+				AggregateType: l.AggregateType, AggregateID: l.AggregateID})
+			if err != nil {
+				return err
+			}
+			what += fmt.Sprintf(" (%s/%s seq %d)", l.AggregateType, l.AggregateID, l.Seq)
+		}
+		preview.Letters = 1
+	case 0:
+		if e.consumer == "" {
+			return usageError("%s needs a dead letter id, or -consumer with a filter or -all", e.cmd)
+		}
+		f, err := e.filter()
+		if err != nil {
+			return err
+		}
+		f.Status, f.AfterID, f.Limit = deadletter.StatusDead, 0, 0
+		r.Consumer, r.Letters, r.All = e.consumer, f, e.all
+		if preview, err = e.letters().Preview(ctx, e.pool, &f); err != nil {
+			return err
+		}
+		what = fmt.Sprintf("%d open letters of %s", preview.Letters, e.consumer)
+	default:
+		return usageError("%s takes at most one dead letter id", e.cmd)
+	}
+	fmt.Fprintf(e.out, "%s %s; %d records parked behind their %d aggregates may drain\n", action, what, preview.Parked, preview.Aggregates)
+	if e.dryRun {
+		return nil
+	}
+	return e.submit(ctx, r)
+}
+
+// submit submits r, prints its id, and with -wait follows it to its end.
+func (e *env) submit(ctx context.Context, r *operator.Request) error {
+	ops := e.operator()
+	id, err := ops.Submit(operator.WithActor(ctx, e.by), e.pool, r)
+	if errors.Is(err, operator.ErrInvalid) {
+		return withCode(exitUsage, err)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.out, "request %d submitted; consumer %s carries it out while it runs\n", id, r.Consumer)
+	if e.wait <= 0 {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, e.wait)
+	defer cancel()
+	got, err := ops.Wait(wctx, e.pool, id, 0)
+	if got != nil {
+		printOutcome(e, got)
+	}
+	switch {
+	case err != nil && got != nil && !got.Finished():
+		return withCode(exitPending, fmt.Errorf("request %d is still %s after -wait %s; follow it with outbox requests -consumer %s", id, got.Status, e.wait, r.Consumer))
+	case err != nil:
+		return err
+	case got.Status == operator.Failed:
+		return withCode(exitFailed, fmt.Errorf("request %d failed: %s", id, got.Error))
+	case got.Progress.Failed > 0:
+		return withCode(exitFailed, fmt.Errorf("request %d: %d of %d letters failed, the first with: %s", id, got.Progress.Failed, got.Progress.Matched, got.Error))
+	}
+	return nil
+}
+
+func printOutcome(e *env, r *operator.Request) {
+	p := r.Progress
+	fmt.Fprintf(e.out, "request %d %s: matched %d, applied %d, duplicates %d, discarded %d, failed %d, skipped %d, drained %d\n",
+		r.ID, r.Status, p.Matched, p.Applied, p.Duplicates, p.Discarded, p.Failed, p.Skipped, p.Drained)
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/producer"
+)
+
+// printSQL prints the migrations, in order.
+func printSQL(out io.Writer) error {
+	list, err := outbox.MigrationList()
+	if err != nil {
+		return err
+	}
+	for _, m := range list {
+		fmt.Fprintf(out, "-- %s\n%s\n", m.Name, m.SQL)
+	}
+	return nil
+}
+
+func migrate(ctx context.Context, e *env) error {
+	applied, err := outbox.Migrate(ctx, e.pool, &outbox.MigrateConfig{Schema: e.schema, PartitionEventsByDay: e.partition, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	if len(applied) == 0 {
+		fmt.Fprintf(e.out, "schema %s is up to date\n", e.schema)
+	}
+	for _, v := range applied {
+		fmt.Fprintf(e.out, "applied version %d to schema %s\n", v, e.schema)
+	}
+	return nil
+}
+
+func health(ctx context.Context, e *env) error {
+	h, err := producer.ReadHealth(ctx, e.pool, e.schema)
+	if err != nil {
+		return err
+	}
+	if e.format == "json" {
+		return writeJSON(e.out, map[string]any{"undelivered": h.Undelivered,
+			"oldest_undelivered_seconds": h.OldestUndelivered.Seconds(), "dead": h.Dead})
+	}
+	fmt.Fprintf(e.out, "undelivered %d\noldest_undelivered %s\ndead %d\n", h.Undelivered, h.OldestUndelivered.Round(time.Millisecond), h.Dead)
+	return nil
+}
+
+func deadList(ctx context.Context, e *env) error {
+	list, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema}).List(ctx, e.pool,
+		&producer.ListOpts{Status: producer.Status(e.status), AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit})
+	if err != nil {
+		return err
+	}
+	if e.format == "json" {
+		return writeJSON(e.out, list)
+	}
+	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tAGGREGATE\tSEQ\tTYPE\tSTATUS\tATTEMPTS\tDIED\tLAST ERROR")
+	for _, d := range list {
+		fmt.Fprintf(tw, "%d\t%s/%s\t%d\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.Seq, d.EventType, d.Status, d.Attempts, d.DiedAt.UTC().Format(time.RFC3339), d.LastError)
+	}
+	return tw.Flush()
+}
+
+func deadResolve(ctx context.Context, e *env) error {
+	id, err := oneID(e, "dead event")
+	if err != nil {
+		return err
+	}
+	dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema})
+	if e.cmd == "dead replay" {
+		err = dead.Replay(ctx, e.pool, id)
+	} else {
+		err = dead.Discard(ctx, e.pool, id)
+	}
+	if errors.Is(err, producer.ErrNotDead) {
+		return withCode(exitNotFound, err)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.out, "%s: done for dead event %d\n", e.cmd, id)
+	return nil
+}
+
+// oneID reads the command's one argument, the id of a what.
+func oneID(e *env, what string) (int64, error) {
+	if len(e.args) != 1 {
+		return 0, usageError("%s needs one %s id", e.cmd, what)
+	}
+	id, err := strconv.ParseInt(e.args[0], 10, 64)
+	if err != nil || id <= 0 {
+		return 0, usageError("%s: %s id %q is not a positive number", e.cmd, what, e.args[0])
+	}
+	return id, nil
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// width is the terminal width tables fit in.
+const width = 80
+
+// table writes rows under header in columns two spaces apart, each column
+// as wide as its widest cell up to its cap in caps (0: no cap), the last
+// column cut to what is left of width. Cut cells end in "…".
+func table(out io.Writer, header []string, rows [][]string, caps []int) error {
+	widths := make([]int, len(header))
+	for _, r := range append([][]string{header}, rows...) {
+		for i, c := range r[:len(r)-1] {
+			n := utf8.RuneCountInString(c)
+			if caps[i] > 0 {
+				n = min(n, caps[i])
+			}
+			widths[i] = max(widths[i], n)
+		}
+	}
+	used := 0
+	for _, w := range widths[:len(widths)-1] {
+		used += w + 2
+	}
+	widths[len(widths)-1] = max(width-used, 8)
+	for _, r := range append([][]string{header}, rows...) {
+		var b strings.Builder
+		for i, c := range r {
+			c = cut(c, widths[i])
+			if i == len(r)-1 {
+				b.WriteString(c)
+				break
+			}
+			b.WriteString(c + strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)+2))
+		}
+		if _, err := fmt.Fprintln(out, strings.TrimRight(b.String(), " ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cut shortens s to n runes, marking the cut with "…", and puts it on one
+// line.
+func cut(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// ago prints how long ago t was, as age does; "-" for the zero time.
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return age(time.Since(t).Seconds())
+}
+
+// when reads a -since or -until value: a duration ago, or an RFC 3339
+// time; empty is the zero time.
+func when(flag, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return time.Time{}, usageError("-%s %q: want a duration ago (2h) or an RFC 3339 time", flag, v)
+	}
+	return t, nil
+}
