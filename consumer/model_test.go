@@ -25,6 +25,7 @@ import (
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -34,7 +35,7 @@ import (
 // by another event, malformed in the ways a foreign producer can), handler
 // faults per key (transient SQLSTATE 40001, an error, Permanent, a panic, a
 // hang past HandlerTimeout), healing, operator actions (Replay, Discard,
-// ResolveGap) and restarts (a new Processor; optionally the last poll
+// ResolveGap, and bulk requests of package operator) and restarts (a new Processor; optionally the last poll
 // redelivered, as after a crash between the database commit and the
 // offset commit). Each step runs in all three modes (Process one record at
 // a time, ProcessBatch with a Handler, ProcessBatch with a BatchHandler),
@@ -470,7 +471,7 @@ func (h *modelHarness) run(t *rapid.T) {
 	for range steps {
 		op := rapid.SampledFrom([]string{
 			"poll", "poll", "poll", "poll", "poll", "poll",
-			"fault", "heal", "replay", "discard", "resolve", "restart",
+			"fault", "heal", "replay", "discard", "resolve", "restart", "bulk",
 		}).Draw(t, "op")
 		switch op {
 		case "poll":
@@ -491,6 +492,9 @@ func (h *modelHarness) run(t *rapid.T) {
 			h.doOperator(t, op, 0, rapid.SampledFrom(modelAggs).Draw(t, "aggregate"))
 		case "restart":
 			h.doRestart(t, rapid.Bool().Draw(t, "offsets lost"))
+		case "bulk":
+			action := rapid.SampledFrom([]operator.Action{operator.Replay, operator.Replay, operator.Discard}).Draw(t, "action")
+			h.doBulk(t, action, rapid.SampledFrom(append([]string{""}, modelAggs...)).Draw(t, "aggregate"))
 		}
 	}
 	h.finish(t)
