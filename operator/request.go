@@ -27,6 +27,12 @@ const (
 	// ResolveGap skips the missing sequences of one aggregate's gap, as
 	// consumer.Processor.ResolveGap does.
 	ResolveGap Action = "resolve_gap"
+	// ReplayEvent and DiscardEvent are producer.DeadEvents' Replay and
+	// Discard of a producer's dead event. They need no handler, so a tool
+	// carries them out itself and only records them (Store.Record, with
+	// an empty Consumer); Submit refuses them.
+	ReplayEvent  Action = "replay_event"
+	DiscardEvent Action = "discard_event"
 )
 
 // Status is where a request stands.

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/operator"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -45,6 +46,15 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', 'x', '{}', 
 	require.Equal(t, "dead replay: done for dead event 7\n", replay.String())
 	err = run(ctx, []string{"dead", "discard", "-database", db.Server.URL, "-schema", db.Schema, "7"}, &bytes.Buffer{})
 	require.ErrorContains(t, err, "no dead event with that id")
+	require.Equal(t, exitNotFound, exitCode(err))
+	es, err := operator.New(&operator.Config{Schema: db.Schema}).Audit(ctx, db.Pool, nil)
+	require.NoError(t, err)
+	require.Len(t, es, 2)
+	require.Equal(t, operator.DiscardEvent, es[0].Action)
+	require.Equal(t, "failed", es[0].Outcome)
+	require.Equal(t, operator.ReplayEvent, es[1].Action)
+	require.Equal(t, "replayed", es[1].Outcome)
+	require.Equal(t, "dead event 7", es[1].Detail)
 
 	out, err = exec("health")
 	require.NoError(t, err)

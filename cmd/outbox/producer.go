@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/producer"
 )
 
@@ -76,10 +77,18 @@ func deadResolve(ctx context.Context, e *env) error {
 		return err
 	}
 	dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema})
+	entry := &operator.Entry{Actor: e.by, Action: operator.ReplayEvent, Outcome: "replayed", Detail: fmt.Sprintf("dead event %d", id)}
 	if e.cmd == "dead replay" {
 		err = dead.Replay(ctx, e.pool, id)
 	} else {
+		entry.Action, entry.Outcome = operator.DiscardEvent, "discarded"
 		err = dead.Discard(ctx, e.pool, id)
+	}
+	if err != nil {
+		entry.Outcome, entry.Detail = "failed", entry.Detail+": "+err.Error()
+	}
+	if aerr := e.operator().Record(ctx, e.pool, entry); aerr != nil {
+		return errors.Join(err, aerr)
 	}
 	if errors.Is(err, producer.ErrNotDead) {
 		return withCode(exitNotFound, err)
