@@ -27,11 +27,13 @@ const (
 	// ResolveGap skips the missing sequences of one aggregate's gap, as
 	// consumer.Processor.ResolveGap does.
 	ResolveGap Action = "resolve_gap"
-	// ReplayEvent and DiscardEvent are producer.DeadEvents' Replay and
-	// Discard of a producer's dead event. They need no handler, so a tool
-	// carries them out itself and only records them (Store.Record, with
-	// an empty Consumer); Submit refuses them.
-	ReplayEvent  Action = "replay_event"
+	// ReplayEvent is producer.DeadEvents.Replay of a producer's dead
+	// event. It needs no handler, so a tool carries it out itself and
+	// only records it (Store.Record, with an empty Consumer); Submit
+	// refuses it.
+	ReplayEvent Action = "replay_event"
+	// DiscardEvent is producer.DeadEvents.Discard, recorded as ReplayEvent
+	// is.
 	DiscardEvent Action = "discard_event"
 )
 
