@@ -9,6 +9,7 @@ import (
 
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/operator"
 )
@@ -191,6 +192,30 @@ func TestRequests(t *testing.T) {
 			Letters: deadletter.ListOpts{AggregateType: "order", AggregateID: "a"}})
 		require.Equal(t, operator.Failed, r.Status)
 		require.Contains(t, r.Error, consumer.ErrNoGap.Error())
+	})
+
+	t.Run("ANotificationWakesTheServerBeforeItsPoll", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		e := newEffects(t, db)
+		cfg := fastConfig(db, 1)
+		cfg.RequestPoll = time.Hour
+		p, err := consumer.Handle(db.Pool, "svc", e, cfg)
+		require.NoError(t, err)
+		e.setFail("a", consumer.Permanent(errBroken))
+		processAll(t, p, 1, rec("a", 1, "a1"))
+		e.setFail("a", nil)
+		serve(t, p)
+		channel := operator.Channel(db.Schema)
+		eventually.True(t, 10*time.Second, func() bool {
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN ' || $1`, channel).Scan(&n))
+			return n == 1
+		}, "the server listens on %s", channel)
+
+		r := submitAndWait(t, db, &operator.Request{Consumer: "svc", Action: operator.Replay, LetterID: open(t, p, "a")[0].ID})
+		require.Equal(t, operator.Done, r.Status, r.Error)
+		require.Equal(t, []int64{1}, e.seqs(t, "a"))
 	})
 
 	t.Run("DirectCallsAreAudited", func(t *testing.T) {
