@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"strconv"
 	"time"
 
 	"github.com/d419a114/outbox/consumer"
@@ -20,10 +20,15 @@ type consumerRow struct {
 	OldestGapSeconds float64 `json:"oldest_gap_seconds"`
 	ProcessedKeys    int64   `json:"processed_keys"`
 	OldestKeySeconds float64 `json:"oldest_key_seconds"`
+	// KeyHorizonUsed is the oldest key's age over -key-retention: near 1,
+	// the consumer prunes keys as old as the records a topic may still
+	// redeliver.
+	KeyHorizonUsed float64 `json:"key_horizon_used"`
 }
 
 // consumers prints, for each consumer found in schema, what it has set
-// aside and what it keeps: a table that fits 80 columns, or JSON.
+// aside and what it keeps, with the oldest key's age as a share of
+// -key-retention (HORIZON): a table that fits 80 columns, or JSON.
 func consumers(ctx context.Context, e *env) error {
 	names, err := consumer.Consumers(ctx, e.pool, e.schema)
 	if err != nil {
@@ -36,7 +41,8 @@ func consumers(ctx context.Context, e *env) error {
 			return err
 		}
 		r := consumerRow{Consumer: n, ParkedAggregates: h.ParkedAggregates, ParkedRecords: h.ParkedRecords,
-			OldestGapSeconds: h.OldestGap.Seconds(), ProcessedKeys: h.ProcessedKeys, OldestKeySeconds: h.OldestKey.Seconds()}
+			OldestGapSeconds: h.OldestGap.Seconds(), ProcessedKeys: h.ProcessedKeys, OldestKeySeconds: h.OldestKey.Seconds(),
+			KeyHorizonUsed: h.OldestKey.Seconds() / e.keyRetention.Seconds()}
 		for _, l := range h.Letters {
 			r.OpenLetters += l.Count
 		}
@@ -45,13 +51,14 @@ func consumers(ctx context.Context, e *env) error {
 	if e.format == "json" {
 		return writeJSON(e.out, rows)
 	}
-	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tLETTERS\tPARKED\tAGGREGATES\tOLDEST GAP\tKEYS\tOLDEST KEY")
+	cells := make([][]string, 0, len(rows))
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%s\n", r.Consumer, r.OpenLetters, r.ParkedRecords, r.ParkedAggregates,
-			age(r.OldestGapSeconds), r.ProcessedKeys, age(r.OldestKeySeconds))
+		cells = append(cells, []string{r.Consumer, strconv.FormatInt(r.OpenLetters, 10), strconv.FormatInt(r.ParkedRecords, 10),
+			strconv.FormatInt(r.ParkedAggregates, 10), age(r.OldestGapSeconds), strconv.FormatInt(r.ProcessedKeys, 10),
+			age(r.OldestKeySeconds), fmt.Sprintf("%.0f%%", 100*r.KeyHorizonUsed)})
 	}
-	return tw.Flush()
+	return table(e.out, []string{"CONSUMER", "LETTERS", "PARKED", "AGGREGATES", "OLDEST GAP", "KEYS", "OLDEST KEY", "HORIZON"}, cells,
+		[]int{16, 0, 0, 0, 0, 0, 0, 0})
 }
 
 // writeJSON writes v as indented JSON.

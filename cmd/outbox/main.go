@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/dedupe"
 )
 
 func main() {
@@ -53,7 +54,7 @@ const usage = `usage:
   outbox health [-o table|json]
   outbox dead list [-status dead|replayed|discarded|all] [-aggregate-type T] [-aggregate-id ID] [-o table|json]
   outbox dead replay|discard ID
-  outbox consumers [-o table|json]
+  outbox consumers [-key-retention 168h] [-o table|json]
   outbox letters list [FILTER] [-status dead|replayed|discarded|all] [-after ID] [-limit N] [-group] [-o table|json]
   outbox letters show [-o table|json] ID
   outbox letters replay|discard [-wait D] [-by NAME] ID
@@ -88,6 +89,7 @@ type opts struct {
 	rate                     float64
 	wait                     time.Duration
 	by, listen               string
+	keyRetention             time.Duration
 }
 
 func parse(cmd string, args []string) (*opts, *flag.FlagSet, error) {
@@ -115,12 +117,16 @@ func parse(cmd string, args []string) (*opts, *flag.FlagSet, error) {
 	fs.Float64Var(&o.rate, "rate", 0, "at most this many letters per second; 0 is no bound")
 	fs.DurationVar(&o.wait, "wait", 0, "wait this long for the consumer to finish the request")
 	fs.StringVar(&o.by, "by", os.Getenv("USER"), "who asks, for the audit log")
+	fs.DurationVar(&o.keyRetention, "key-retention", dedupe.DefaultRetention, "consumers: the consumers' Config.KeyRetention")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "dashboard: address to serve on")
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, usageError("%s: %v", cmd, err)
 	}
 	if o.format != "table" && o.format != "json" {
 		return nil, nil, usageError("%s: -o %q: want table or json", cmd, o.format)
+	}
+	if o.keyRetention <= 0 {
+		return nil, nil, usageError("%s: -key-retention %s: want a positive duration", cmd, o.keyRetention)
 	}
 	if o.status == "all" {
 		o.status = ""
