@@ -186,7 +186,7 @@ func (p *Processor) bulk(ctx context.Context, r *operator.Request) bool {
 			pr.Skipped++
 			continue
 		}
-		if err := waitUntil(ctx, next); err != nil {
+		if err := sleep(ctx, time.Until(next)); err != nil {
 			return false
 		}
 		next = next.Add(interval)
@@ -265,20 +265,4 @@ func (p *Processor) act(ctx context.Context, r *operator.Request, ref deadletter
 		p.readyToDrain()
 	}
 	return nil
-}
-
-// waitUntil waits for t or for ctx to end.
-func waitUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
 }

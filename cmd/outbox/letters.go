@@ -141,15 +141,21 @@ type letterDetail struct {
 	ResolveAt *time.Time        `json:"resolved_at,omitempty"`
 }
 
-func letterShow(ctx context.Context, e *env) error {
+// argLetter reads the letter the command's one argument names.
+func (e *env) argLetter(ctx context.Context) (*deadletter.Letter, error) {
 	id, err := oneID(e, "dead letter")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	l, err := e.letters().Get(ctx, e.pool, id)
 	if errors.Is(err, deadletter.ErrNotFound) {
-		return withCode(exitNotFound, err)
+		return nil, withCode(exitNotFound, err)
 	}
+	return l, err
+}
+
+func letterShow(ctx context.Context, e *env) error {
+	l, err := e.argLetter(ctx)
 	if err != nil {
 		return err
 	}
@@ -202,17 +208,11 @@ func lettersAct(ctx context.Context, e *env) error {
 	)
 	switch len(e.args) {
 	case 1:
-		id, err := oneID(e, "dead letter")
+		l, err := e.argLetter(ctx)
 		if err != nil {
 			return err
 		}
-		l, err := e.letters().Get(ctx, e.pool, id)
-		if errors.Is(err, deadletter.ErrNotFound) {
-			return withCode(exitNotFound, err)
-		}
-		if err != nil {
-			return err
-		}
+		id := l.ID
 		if l.Status != deadletter.StatusDead {
 			return withCode(exitFailed, fmt.Errorf("dead letter %d is %s already", id, l.Status))
 		}
