@@ -48,7 +48,7 @@ type world struct {
 // need returns the world, skipping the test when no broker is given and
 // INTEGRATION_REQUIRE_KAFKA is unset, and failing it when a piece is
 // missing otherwise.
-func need(t *testing.T) *world {
+func need(t testing.TB) *world {
 	t.Helper()
 	require := os.Getenv(requireEnv) != ""
 	if os.Getenv("KAFKA_BROKERS") == "" {
@@ -85,7 +85,7 @@ func need(t *testing.T) *world {
 
 // needScript fails (or skips, as need does) the test when connect.sh is
 // not given, for tests that kill and restart the worker.
-func (w *world) needScript(t *testing.T) {
+func (w *world) needScript(t testing.TB) {
 	t.Helper()
 	if w.script != "" {
 		return
@@ -99,7 +99,7 @@ func (w *world) needScript(t *testing.T) {
 // cdc is one test's CDC pipeline: a migrated schema in CDC mode, its
 // publication, a connector with its own slot, and the topic it routes to.
 type cdc struct {
-	t      *testing.T
+	t      testing.TB
 	w      *world
 	db     *pgtest.DB
 	topic  string
@@ -111,7 +111,7 @@ type cdc struct {
 }
 
 // newCDC sets up the pipeline and waits until the connector streams.
-func newCDC(t *testing.T, w *world, partitions int32, opts *pgtest.Opts) *cdc {
+func newCDC(t testing.TB, w *world, partitions int32, opts *pgtest.Opts) *cdc {
 	t.Helper()
 	db := pgtest.New(t, opts)
 	c := &cdc{t: t, w: w, db: db, topic: topic(t, w.broker, partitions),
@@ -246,7 +246,7 @@ func (c *cdc) teardown() {
 var restClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 // rest calls the worker's REST API and returns the status and body.
-func (w *world) rest(t *testing.T, method, path string, body []byte) (int, string) {
+func (w *world) rest(t testing.TB, method, path string, body []byte) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -261,8 +261,8 @@ func (w *world) rest(t *testing.T, method, path string, body []byte) (int, strin
 }
 
 // worker runs connect.sh with the given subcommand (kill, restart) and
-// returns how long it took.
-func (w *world) worker(t *testing.T, sub string) time.Duration {
+// returns how long it took and what it said.
+func (w *world) worker(t testing.TB, sub string) (time.Duration, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -271,11 +271,11 @@ func (w *world) worker(t *testing.T, sub string) time.Duration {
 	require.NoError(t, err, "connect.sh %s: %s", sub, out)
 	took := time.Since(start)
 	t.Logf("connect.sh %s took %s: %s", sub, took.Round(time.Millisecond), strings.TrimSpace(string(out)))
-	return took
+	return took, string(out)
 }
 
 // topic creates a topic, retrying while the broker is unreachable.
-func topic(t *testing.T, b *kafkatest.Broker, partitions int32) string {
+func topic(t testing.TB, b *kafkatest.Broker, partitions int32) string {
 	t.Helper()
 	name := fmt.Sprintf("cdc-%d", time.Now().UnixNano())
 	adm := kadm.NewClient(b.Client(t))
@@ -299,11 +299,11 @@ func topic(t *testing.T, b *kafkatest.Broker, partitions int32) string {
 var quiet = slog.New(slog.DiscardHandler)
 
 // testLogger logs to the test's output.
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
