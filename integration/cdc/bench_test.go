@@ -43,9 +43,10 @@ import (
 //     (VmRSS, and VmHWM, its peak) after the runs, when CONNECT_SCRIPT is
 //     given.
 //
-//     go test -run '^$' -bench Dispatch -benchtime 1x ./integration/cdc
+// Run it with KAFKA_BROKERS, CONNECT_URL and CONNECT_SCRIPT set as for the
+// tests (.ci/run does, after them):
 //
-// with KAFKA_BROKERS, CONNECT_URL and CONNECT_SCRIPT set as for the tests.
+//	go test -run '^$' -bench Dispatch -benchtime 1x ./integration/cdc
 func BenchmarkDispatch(b *testing.B) {
 	for range b.N {
 		w := need(b)
