@@ -106,6 +106,7 @@ type cdc struct {
 	name   string // connector name, also Debezium's topic.prefix
 	slot   string
 	pub    string
+	role   string            // the connector's database role
 	config map[string]string // the registered connector configuration
 	writer *producer.Writer
 }
@@ -122,6 +123,15 @@ func newCDC(t testing.TB, w *world, partitions int32, opts *pgtest.Opts) *cdc {
 		with = " WITH (publish_via_partition_root = true)"
 	}
 	_, err := db.Pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{c.pub}.Sanitize()+` FOR TABLE `+db.Table("events")+with)
+	require.NoError(t, err)
+	// The connector logs in as a role with the grants docs/cdc.md lists,
+	// and no more.
+	c.role = "cdc_" + db.Schema
+	role, schema := pgx.Identifier{c.role}.Sanitize(), pgx.Identifier{db.Schema}.Sanitize()
+	_, err = db.Pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN REPLICATION;
+		GRANT CONNECT ON DATABASE postgres TO `+role+`;
+		GRANT USAGE ON SCHEMA `+schema+` TO `+role+`;
+		GRANT SELECT ON `+db.Table("events")+` TO `+role)
 	require.NoError(t, err)
 	t.Cleanup(c.teardown)
 	c.config = c.connectorConfig()
@@ -142,7 +152,7 @@ func (c *cdc) connectorConfig() map[string]string {
 	require.NoError(c.t, err)
 	pass, _ := u.User.Password()
 	filled := strings.NewReplacer(
-		"@NAME@", c.name, "@PGHOST@", u.Hostname(), "@PGPORT@", u.Port(), "@PGUSER@", u.User.Username(),
+		"@NAME@", c.name, "@PGHOST@", u.Hostname(), "@PGPORT@", u.Port(), "@PGUSER@", c.role,
 		"@PGPASSWORD@", pass, "@PGDATABASE@", strings.TrimPrefix(u.Path, "/"), "@SCHEMA@", c.db.Schema,
 		"@SLOT@", c.slot, "@PUBLICATION@", c.pub,
 	).Replace(string(raw))
@@ -238,6 +248,10 @@ func (c *cdc) teardown() {
 	}
 	if _, err := c.db.Pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{c.pub}.Sanitize()); err != nil {
 		c.t.Errorf("drop publication %s: %v", c.pub, err)
+	}
+	role := pgx.Identifier{c.role}.Sanitize()
+	if _, err := c.db.Pool.Exec(ctx, `DROP OWNED BY `+role+`; DROP ROLE `+role); err != nil {
+		c.t.Errorf("drop role %s: %v", c.role, err)
 	}
 }
 
