@@ -100,6 +100,7 @@ type HealthCollector struct {
 	last *healthSample
 
 	up, undelivered, undeliveredAge, dead                    *prometheus.Desc
+	cdcSlotActive, cdcRetainedWAL                            *prometheus.Desc
 	letters, letterAge                                       *prometheus.Desc
 	parkedAggregates, parkedRecords, parkedAge, keys, keyAge *prometheus.Desc
 	groupLag                                                 *prometheus.Desc
@@ -166,6 +167,8 @@ func NewHealthCollector(db consumer.DB, cfg *HealthConfig) (*HealthCollector, er
 		undelivered:    desc(EventsUndelivered, "Events the broker has not acknowledged."),
 		undeliveredAge: desc(EventsUndeliveredOldestAge, "Age of the oldest undelivered event; 0 when there is none."),
 		dead:           desc(EventsDead, "Events that exhausted their attempts and wait for a replay or discard."),
+		cdcSlotActive:  desc(CDCSlotActive, "In CDC mode: 1 while a connector reads the replication slot, 0 when none does or the slot is gone."),
+		cdcRetainedWAL: desc(CDCRetainedWAL, "In CDC mode: bytes of WAL the replication slot keeps from removal."),
 		letters: desc(ConsumerDeadLetters, "Open dead letters, by consumer, topic and reason.",
 			LabelConsumer, LabelTopic, LabelReason),
 		letterAge: desc(ConsumerDeadLetterOldestAge, "How long the oldest open dead letter of the consumer, topic and reason has been open.",
@@ -197,7 +200,7 @@ func distinct(field string, names []string) error {
 
 // Describe sends the descriptors of every metric the collector can report.
 func (h *HealthCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{h.up, h.undelivered, h.undeliveredAge, h.dead, h.letters, h.letterAge,
+	for _, d := range []*prometheus.Desc{h.up, h.undelivered, h.undeliveredAge, h.dead, h.cdcSlotActive, h.cdcRetainedWAL, h.letters, h.letterAge,
 		h.parkedAggregates, h.parkedRecords, h.parkedAge, h.keys, h.keyAge, h.groupLag, h.keyRetention, h.topicRetention} {
 		ch <- d
 	}
@@ -222,6 +225,10 @@ func (h *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(h.undelivered, float64(p.v.Undelivered))
 		emit(h.undeliveredAge, p.v.OldestUndelivered.Seconds())
 		emit(h.dead, float64(p.v.Dead))
+		if p.v.Dispatch == producer.DispatchCDC {
+			emit(h.cdcSlotActive, boolValue(p.v.CDCSlotExists && p.v.CDCSlotActive))
+			emit(h.cdcRetainedWAL, float64(p.v.CDCRetainedWALBytes))
+		}
 	}
 	for _, name := range h.cfg.Consumers {
 		emit(h.keyRetention, h.cfg.KeyRetention.Seconds(), name)

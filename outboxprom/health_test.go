@@ -59,6 +59,21 @@ func TestHealthCollector(t *testing.T) {
 		require.Zero(t, value(t, reg, outboxprom.EventsDead))
 	})
 
+	// A schema in CDC mode reports its slot: inactive (and gone) here,
+	// with the slot never created; a relay-mode schema reports nothing of
+	// it.
+	t.Run("CDCSlot", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		reg := collector(t, db.Pool, outboxprom.HealthConfig{Schema: db.Schema, Interval: 20 * time.Millisecond})
+		require.Zero(t, len(series(t, reg, outboxprom.CDCSlotActive)), "relay mode reports no slot")
+		_, err := db.Pool.Exec(context.Background(), `UPDATE `+db.Table("dispatch")+` SET mode = 'cdc', slot_name = 'no_such_slot'`)
+		require.NoError(t, err)
+		eventually.True(t, 10*time.Second, func() bool { return len(series(t, reg, outboxprom.CDCSlotActive)) == 1 }, "the slot sampled")
+		require.Zero(t, value(t, reg, outboxprom.CDCSlotActive))
+		require.Zero(t, value(t, reg, outboxprom.CDCRetainedWAL))
+	})
+
 	// A consumer's dead letter, the record parked behind it and its
 	// processed keys are reported under its name.
 	t.Run("ConsumerHealth", func(t *testing.T) {

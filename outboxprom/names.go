@@ -55,6 +55,14 @@ const (
 	// EventsDead is how many events exhausted their attempts and wait for a
 	// replay or discard.
 	EventsDead = "outbox_events_dead"
+	// CDCSlotActive is 1 while a connector reads the replication slot of a
+	// schema dispatched by change data capture (producer.SetDispatch), 0
+	// when none does or the slot is gone. Reported only in CDC mode.
+	CDCSlotActive = "outbox_cdc_slot_active"
+	// CDCRetainedWAL is how many bytes of WAL that slot keeps from being
+	// removed; it grows while no connector reads the slot. Reported only in
+	// CDC mode.
+	CDCRetainedWAL = "outbox_cdc_retained_wal_bytes"
 	// ConsumerDeadLetters is how many dead letters are open, labelled
 	// consumer, topic and reason.
 	ConsumerDeadLetters = "outbox_consumer_dead_letters"
