@@ -111,7 +111,7 @@ func (e *ValueTooLargeError) Error() string {
 func parse(rec *kgo.Record, keyFunc func(*kgo.Record) (string, error), maxValue int) (*Message, error) {
 	m := &Message{
 		Record: rec, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset,
-		Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: rec.Timestamp,
+		Key: rec.Key, Value: rec.Value, Headers: RecordHeaders(rec), Timestamp: rec.Timestamp,
 	}
 	var errs []error
 	bad := func(name string, v []byte, reason string) {

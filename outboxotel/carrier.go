@@ -3,16 +3,20 @@ package outboxotel
 import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/d419a114/outbox/consumer"
 )
 
 // headers reads a record's headers as a propagation carrier: the first
-// value of a key wins.
+// value of a key wins. The headers of an event Debezium published in CDC
+// mode count too (consumer.RecordHeaders), so its trace context carries
+// over as the relay's does.
 type headers struct{ rec *kgo.Record }
 
 var _ propagation.TextMapCarrier = headers{}
 
 func (h headers) Get(key string) string {
-	for _, hd := range h.rec.Headers {
+	for _, hd := range consumer.RecordHeaders(h.rec) {
 		if hd.Key == key {
 			return string(hd.Value)
 		}
@@ -27,8 +31,9 @@ func (h headers) Set(key, value string) {
 }
 
 func (h headers) Keys() []string {
-	keys := make([]string, len(h.rec.Headers))
-	for i, hd := range h.rec.Headers {
+	hs := consumer.RecordHeaders(h.rec)
+	keys := make([]string, len(hs))
+	for i, hd := range hs {
 		keys[i] = hd.Key
 	}
 	return keys
