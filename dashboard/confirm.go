@@ -1,0 +1,256 @@
+package dashboard
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/operator"
+	"github.com/d419a114/outbox/ordering"
+)
+
+// maxRefs bounds the letters a bulk confirmation lists by name.
+const maxRefs = 20
+
+// confirmData is a confirmation page's data: what the action will touch,
+// and the form that asks for it.
+type confirmData struct {
+	Consumer string
+	Action   operator.Action
+	// What says in one sentence what will happen.
+	What string
+	// Letters counts the letters acted on (capped), Aggregates their
+	// aggregates, Parked the records parked behind them; AtLeast is set
+	// when the count stopped at Config.CountCap, and the other two count
+	// only the letters read.
+	Letters            string
+	AtLeast            bool
+	Aggregates, Parked int64
+	// Letter is the one letter of a single action.
+	Letter *deadletter.Letter
+	// Refs are the first letters of a bulk action, in the order it takes
+	// them; More is set when there are others.
+	Refs []deadletter.Ref
+	More bool
+	// Successors are the first records parked behind the letter or gap,
+	// Drains how many of them are released at once.
+	Successors []ordering.Parked
+	Drains     int
+	// Fields are the form's hidden fields, Post where it goes; Nothing
+	// is set when there is nothing to act on.
+	Fields  []field
+	Post    string
+	Nothing bool
+}
+
+type field struct{ Name, Value string }
+
+func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
+	consumer := r.PathValue("consumer")
+	q := r.URL.Query()
+	data := confirmData{Consumer: consumer, Action: operator.Action(q.Get("action")), Post: d.consumerPath(consumer, "/requests")}
+	var err error
+	switch {
+	case data.Action == operator.ResolveGap:
+		err = d.confirmGap(r, &data, q)
+	case data.Action != operator.Replay && data.Action != operator.Discard:
+		err = &badRequest{http.StatusBadRequest, fmt.Errorf("dashboard: action %q: want replay, discard or resolve_gap", data.Action)}
+	case q.Get("letter") != "":
+		err = d.confirmLetter(r, &data, q.Get("letter"))
+	default:
+		err = d.confirmBulk(r, &data, q)
+	}
+	var bad *badRequest
+	switch {
+	case errors.As(err, &bad):
+		d.fail(w, r, bad.status, bad.err)
+		return
+	case err != nil:
+		d.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	data.Fields = append([]field{{"action", string(data.Action)}}, data.Fields...)
+	d.render(w, r, "confirm", "Confirm: "+string(data.Action), &data)
+}
+
+func atLeast(b bool) string {
+	if b {
+		return "at least "
+	}
+	return ""
+}
+
+// badRequest is an error of the client's, answered with status.
+type badRequest struct {
+	status int
+	err    error
+}
+
+func (b *badRequest) Error() string { return b.err.Error() }
+
+func (d *Dashboard) confirmLetter(r *http.Request, data *confirmData, id string) error {
+	n, err := strconv.ParseInt(id, 10, 64)
+	if err != nil {
+		return &badRequest{http.StatusBadRequest, fmt.Errorf("dashboard: letter id %q is not a number", id)}
+	}
+	l, err := d.letters.Get(r.Context(), d.pool, n)
+	if errors.Is(err, deadletter.ErrNotFound) || (err == nil && l.Consumer != data.Consumer) {
+		return &badRequest{http.StatusNotFound, fmt.Errorf("dashboard: consumer %q has no dead letter %d", data.Consumer, n)}
+	}
+	if err != nil {
+		return err
+	}
+	data.Letter, data.Letters, data.Aggregates = l, "1", 1
+	data.Fields = []field{{"letter", id}}
+	if l.Status != deadletter.StatusDead {
+		data.Nothing = true
+		data.What = fmt.Sprintf("Letter %d is %s already: there is nothing to %s.", l.ID, l.Status, data.Action)
+		return nil
+	}
+	if l.Seq > 0 {
+		succ, err := d.successors(r, data.Consumer, ordering.Aggregate{Type: l.AggregateType, ID: l.AggregateID}, l.Seq)
+		if err != nil {
+			return err
+		}
+		data.Successors, data.Drains, data.Parked = succ, drains(succ, l.Seq+1), int64(len(succ))
+	}
+	verb := "apply it again through the consumer's handler"
+	if data.Action == operator.Discard {
+		verb = "give it up for good, without applying it"
+	}
+	data.What = fmt.Sprintf("Ask consumer %q to %s (letter %d, %s/%s seq %d); then %d parked successors drain in sequence order.",
+		data.Consumer, verb, l.ID, l.AggregateType, l.AggregateID, l.Seq, data.Drains)
+	return nil
+}
+
+func (d *Dashboard) confirmBulk(r *http.Request, data *confirmData, q url.Values) error {
+	q.Set("status", string(deadletter.StatusDead))
+	f, opts, err := parseFilter(q, data.Consumer)
+	if err != nil {
+		return &badRequest{http.StatusBadRequest, err}
+	}
+	count := opts
+	count.Limit = d.cfg.CountCap + 1
+	p, err := d.letters.Preview(r.Context(), d.pool, &count)
+	if err != nil {
+		return err
+	}
+	data.Letters, data.Aggregates, data.Parked = capped(p.Letters, d.cfg.CountCap), p.Aggregates, p.Parked
+	data.AtLeast = p.Letters > int64(d.cfg.CountCap)
+	first := opts
+	first.Limit = maxRefs + 1
+	if data.Refs, err = d.letters.Match(r.Context(), d.pool, &first); err != nil {
+		return err
+	}
+	if len(data.Refs) > maxRefs {
+		data.Refs, data.More = data.Refs[:maxRefs], true
+	}
+	for _, k := range []string{"topic", "aggregate_type", "aggregate_id", "reason", "failure", "failed_after", "failed_before"} {
+		if v := q.Get(k); v != "" {
+			data.Fields = append(data.Fields, field{k, v})
+		}
+	}
+	which := "the open letters matching the filter"
+	if f.empty() {
+		which = "every open letter"
+		data.Fields = append(data.Fields, field{"all", "1"})
+	}
+	if p.Letters == 0 {
+		data.Nothing = true
+		data.What = "No open letter matches: there is nothing to " + string(data.Action) + "."
+		return nil
+	}
+	data.What = fmt.Sprintf("Ask consumer %q to %s %s of consumer %q: %s letters of %s%d aggregates, aggregate by aggregate in sequence order, releasing %s%d parked records; a letter that fails again stops its aggregate.",
+		data.Consumer, data.Action, which, data.Consumer, data.Letters, atLeast(data.AtLeast), data.Aggregates, atLeast(data.AtLeast), data.Parked)
+	return nil
+}
+
+func (d *Dashboard) confirmGap(r *http.Request, data *confirmData, q url.Values) error {
+	agg := ordering.Aggregate{Type: q.Get("aggregate_type"), ID: q.Get("aggregate_id")}
+	if agg.ID == "" {
+		return &badRequest{http.StatusBadRequest, errors.New("dashboard: resolve_gap needs aggregate_type and aggregate_id")}
+	}
+	data.Fields = []field{{"aggregate_type", agg.Type}, {"aggregate_id", agg.ID}}
+	tr, err := ordering.New(data.Consumer, &ordering.Config{Schema: d.cfg.Schema})
+	if err != nil {
+		return &badRequest{http.StatusBadRequest, err}
+	}
+	last, _, err := tr.Position(r.Context(), d.pool, agg)
+	if err != nil {
+		return err
+	}
+	succ, err := tr.ListParked(r.Context(), d.pool, agg, last, maxSuccessors)
+	if err != nil {
+		return err
+	}
+	letters, err := d.letters.List(r.Context(), d.pool, &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
+		AggregateType: agg.Type, AggregateID: agg.ID, Limit: 1})
+	if err != nil {
+		return err
+	}
+	data.Successors, data.Parked, data.Aggregates, data.Letters = succ, int64(len(succ)), 1, "0"
+	if len(succ) == 0 {
+		data.Nothing = true
+		data.What = fmt.Sprintf("Aggregate %s of consumer %q has no parked records after its position %d: there is no gap to resolve.", agg, data.Consumer, last)
+		return nil
+	}
+	upTo := succ[0].Seq - 1
+	if len(letters) > 0 && letters[0].Seq > last && letters[0].Seq <= upTo {
+		data.Letter = letters[0]
+		upTo = letters[0].Seq - 1
+	}
+	if upTo <= last {
+		data.Nothing = true
+		data.What = fmt.Sprintf("Aggregate %s waits for its open dead letter %d at seq %d, not for missing records: replay or discard that letter instead.", agg, data.Letter.ID, data.Letter.Seq)
+		return nil
+	}
+	data.Drains = drains(succ, upTo+1)
+	data.What = fmt.Sprintf("Ask consumer %q to give up sequences %d to %d of aggregate %s for good (they are never applied, even if they arrive later), then apply the %d parked records that follow on.",
+		data.Consumer, last+1, upTo, agg, data.Drains)
+	if data.Letter != nil {
+		data.What += fmt.Sprintf(" It stops below open dead letter %d at seq %d, which stays open.", data.Letter.ID, data.Letter.Seq)
+	}
+	return nil
+}
+
+// submit turns a confirmation's form into an operator request and shows
+// the request's page.
+func (d *Dashboard) submit(w http.ResponseWriter, r *http.Request) {
+	actor, ok := d.authorizePost(w, r)
+	if !ok {
+		return
+	}
+	consumer := r.PathValue("consumer")
+	req := &operator.Request{Consumer: consumer, Action: operator.Action(r.PostFormValue("action")), All: r.PostFormValue("all") == "1"}
+	var err error
+	if req.LetterID, err = int64Param(r.PostForm, "letter"); err != nil {
+		d.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	if rate := r.PostFormValue("rate"); rate != "" {
+		if req.Rate, err = strconv.ParseFloat(rate, 64); err != nil {
+			d.fail(w, r, http.StatusBadRequest, fmt.Errorf("dashboard: rate %q is not a number of letters per second", rate))
+			return
+		}
+	}
+	if _, req.Letters, err = parseFilter(r.PostForm, consumer); err != nil {
+		d.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	id, err := d.ops.Submit(operator.WithActor(r.Context(), actor), d.pool, req)
+	if errors.Is(err, operator.ErrInvalid) {
+		d.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	if err != nil {
+		d.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	d.log.InfoContext(r.Context(), "dashboard: operator request submitted", slog.Int64("request_id", id), slog.String("actor", actor),
+		slog.String("consumer", consumer), slog.String("action", string(req.Action)), slog.Int64("letter_id", req.LetterID))
+	http.Redirect(w, r, d.cfg.Prefix+"/requests/"+itoa(id), http.StatusSeeOther)
+}

@@ -1,0 +1,132 @@
+package dashboard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/dashboard"
+	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/pgtest"
+)
+
+// fixture is one test's world: a schema, a consumer "billing" whose
+// handler fails for the aggregates set to fail, and a dashboard on it.
+type fixture struct {
+	db   *pgtest.DB
+	proc *consumer.Processor
+
+	mu sync.Mutex
+	// fail maps an aggregate id to the error its records fail with.
+	fail map[string]error
+	// applied lists the records applied, as "aggregate:seq".
+	applied []string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{db: pgtest.New(t, nil), fail: map[string]error{}}
+	h := consumer.HandlerFunc(func(_ context.Context, _ pgx.Tx, m *consumer.Message) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if err := f.fail[m.AggregateID]; err != nil {
+			return consumer.Permanent(err)
+		}
+		f.applied = append(f.applied, fmt.Sprintf("%s:%d", m.AggregateID, m.Seq))
+		return nil
+	})
+	p, err := consumer.Handle(f.db.Pool, "billing", h, &consumer.Config{Schema: f.db.Schema, RequestPoll: 20 * time.Millisecond})
+	require.NoError(t, err)
+	f.proc = p
+	return f
+}
+
+// setFail makes agg's records fail with err from now on (nil: succeed).
+func (f *fixture) setFail(agg string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail[agg] = err
+}
+
+func (f *fixture) appliedOf(agg string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(f.applied), func(s string) bool { return len(s) <= len(agg) || s[:len(agg)+1] != agg+":" })
+}
+
+// process feeds the consumer seqs of aggregate agg (order/agg) with the
+// given value.
+func (f *fixture) process(t *testing.T, agg string, value string, seqs ...int64) {
+	t.Helper()
+	for _, seq := range seqs {
+		_, err := f.proc.Process(context.Background(), &kgo.Record{Topic: "orders", Offset: seq, Key: []byte(agg), Value: []byte(value),
+			Headers: []kgo.RecordHeader{
+				{Key: outbox.HeaderEventID, Value: fmt.Appendf(nil, "evt-%s-%d", agg, seq)},
+				{Key: outbox.HeaderAggregateType, Value: []byte("order")},
+				{Key: outbox.HeaderAggregateSeq, Value: fmt.Append(nil, seq)},
+				{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+			}})
+		require.NoError(t, err)
+	}
+}
+
+// letters seeds the usual data: aggregate o-1 fails at seq 1 (a letter,
+// with 2 and 3 parked behind it), o-2 fails another way at seq 1.
+func (f *fixture) letters(t *testing.T) {
+	t.Helper()
+	f.setFail("o-1", errors.New("card processor down"))
+	f.setFail("o-2", errors.New("address has no postcode"))
+	f.process(t, "o-1", `{"order":"o-1","total_cents":1999}`, 1, 2, 3)
+	f.process(t, "o-2", `{"order":"o-2"}`, 1)
+}
+
+// open returns billing's open letters of agg.
+func (f *fixture) open(t *testing.T, agg string) []*deadletter.Letter {
+	t.Helper()
+	ls, err := f.proc.DeadLetters(context.Background(), &deadletter.ListOpts{Status: deadletter.StatusDead, AggregateID: agg})
+	require.NoError(t, err)
+	return ls
+}
+
+// serveRequests runs the consumer's ServeRequests until the test ends.
+func (f *fixture) serveRequests(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.proc.ServeRequests(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	})
+}
+
+// server serves a dashboard on f's schema with cfg (Schema is set).
+func (f *fixture) server(t *testing.T, cfg *dashboard.Config) *httptest.Server {
+	t.Helper()
+	if cfg == nil {
+		cfg = &dashboard.Config{}
+	}
+	cfg.Schema = f.db.Schema
+	d, err := dashboard.New(f.db.Pool, cfg)
+	require.NoError(t, err)
+	srv := httptest.NewServer(d)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// alice authorizes every request as alice.
+func alice(*http.Request) (string, bool) { return "alice", true }
+
+var errTest = errors.New("test failure")

@@ -1,0 +1,117 @@
+package dashboard
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/ordering"
+	"github.com/d419a114/outbox/producer"
+)
+
+// maxConsumers bounds the consumers the overview shows.
+const maxConsumers = 200
+
+// overviewData is the overview page's data.
+type overviewData struct {
+	// Producer is the producer's health; ProducerErr says why it could not
+	// be read (no producer tables in this database, say).
+	Producer    producer.Health
+	ProducerErr string
+	Relays      []producer.Instance
+	Consumers   []consumerSummary
+	// MoreConsumers counts the consumers left out past maxConsumers.
+	MoreConsumers int
+	KeyRetention  time.Duration
+}
+
+// consumerSummary is one consumer's row of the overview.
+type consumerSummary struct {
+	Name                            string
+	OpenLetters                     int64
+	Gaps                            string
+	ParkedAggregates, ParkedRecords int64
+	OldestGap, OldestLetter         time.Duration
+	ProcessedKeys                   int64
+	OldestKey                       time.Duration
+	// Warnings are the dedupe horizon warnings.
+	Warnings []string
+}
+
+func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	data := overviewData{KeyRetention: d.cfg.KeyRetention}
+	var err error
+	if data.Producer, err = producer.ReadHealth(ctx, d.pool, d.cfg.Schema); err != nil {
+		data.ProducerErr = err.Error()
+	} else if data.Relays, err = producer.Instances(ctx, d.pool, d.cfg.Schema); err != nil {
+		data.ProducerErr = err.Error()
+	}
+	names, err := consumer.Consumers(ctx, d.pool, d.cfg.Schema)
+	if err != nil {
+		d.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	if len(names) > maxConsumers {
+		data.MoreConsumers = len(names) - maxConsumers
+		names = names[:maxConsumers]
+	}
+	for _, n := range names {
+		s, err := d.summarize(r, n)
+		if err != nil {
+			d.fail(w, r, http.StatusInternalServerError, err)
+			return
+		}
+		data.Consumers = append(data.Consumers, s)
+	}
+	d.render(w, r, "overview", "Overview", &data)
+}
+
+// summarize reads consumer name's row of the overview.
+func (d *Dashboard) summarize(r *http.Request, name string) (consumerSummary, error) {
+	ctx := r.Context()
+	h, err := consumer.ReadHealth(ctx, d.pool, d.cfg.Schema, name)
+	if err != nil {
+		return consumerSummary{}, err
+	}
+	s := consumerSummary{Name: name, ParkedAggregates: h.ParkedAggregates, ParkedRecords: h.ParkedRecords,
+		OldestGap: h.OldestGap, ProcessedKeys: h.ProcessedKeys, OldestKey: h.OldestKey}
+	for _, l := range h.Letters {
+		s.OpenLetters += l.Count
+		s.OldestLetter = max(s.OldestLetter, l.Oldest)
+	}
+	tr, err := ordering.New(name, &ordering.Config{Schema: d.cfg.Schema})
+	if err != nil {
+		return consumerSummary{}, err
+	}
+	gaps, err := tr.ListGaps(ctx, d.pool, d.cfg.CountCap+1)
+	if err != nil {
+		return consumerSummary{}, err
+	}
+	s.Gaps = capped(int64(len(gaps)), d.cfg.CountCap)
+	s.Warnings = horizonWarnings(s, d.cfg.KeyRetention)
+	return s, nil
+}
+
+// keySlack is how far past the retention the oldest key may be before the
+// overview says pruning is behind: the consumer prunes every few minutes.
+const keySlack = time.Hour
+
+// horizonWarnings says where s's records may come back after their keys
+// were pruned, or keys are kept past the retention.
+func horizonWarnings(s consumerSummary, keep time.Duration) []string {
+	var ws []string
+	if s.OldestLetter > keep {
+		ws = append(ws, "open dead letters are older ("+age(s.OldestLetter)+") than the key retention ("+age(keep)+
+			"): a replay may apply an effect whose key was pruned a second time")
+	}
+	if s.OldestGap > keep {
+		ws = append(ws, "parked records are older ("+age(s.OldestGap)+") than the key retention ("+age(keep)+
+			"): draining them may apply effects a second time")
+	}
+	if s.OldestKey > keep+keySlack {
+		ws = append(ws, "processed keys are kept longer ("+age(s.OldestKey)+") than the key retention ("+age(keep)+
+			"): is a Consumer (or PruneKeys) running, and is Config.KeyRetention here the consumer's?")
+	}
+	return ws
+}
