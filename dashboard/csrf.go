@@ -27,8 +27,8 @@ func (d *Dashboard) token(w http.ResponseWriter, r *http.Request) string {
 	v := base64.RawURLEncoding.EncodeToString(b)
 	// Secure only over TLS: the dashboard is usually served on plain HTTP
 	// on localhost, where a Secure cookie would not come back.
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: d.cfg.Prefix + "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil}) //nolint:gosec // Secure depends on TLS, see above
+	c := &http.Cookie{Name: csrfCookie, Value: v, Path: d.cfg.Prefix + "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil} //nolint:gosec // Secure depends on TLS, see above
+	http.SetCookie(w, c)
 	return d.sign(v)
 }
 
