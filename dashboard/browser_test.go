@@ -40,6 +40,7 @@ func TestBrowser(t *testing.T) {
 	f.serveRequests(t)
 	srv := f.server(t, &dashboard.Config{Authorize: alice})
 	f.setFail("o-1", nil) // the fault is fixed; the operator replays
+	f.backlog(t)
 
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1200, 800),
@@ -62,6 +63,8 @@ func TestBrowser(t *testing.T) {
 
 	do("open the overview", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#consumers")))
 	require.Contains(t, text("#consumers"), "billing")
+	require.Equal(t, "3", text("#undelivered"))
+	require.Equal(t, "1", text("#dead-events"))
 	if *screenshot != "" {
 		do("size the viewport", chromedp.EmulateViewport(1200, 800))
 		png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())

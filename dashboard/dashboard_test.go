@@ -226,9 +226,7 @@ func TestPages(t *testing.T) {
 	f := newFixture(t)
 	f.letters(t)
 	f.serveRequests(t)
-	_, err := f.db.Pool.Exec(ctx, `INSERT INTO `+f.db.Table("dead_events")+` (id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers, created_at, attempts, last_error, hold)
-VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', '{"a":1}', '{}', now(), 10, 'MESSAGE_TOO_LARGE', true)`)
-	require.NoError(t, err)
+	f.backlog(t)
 	b := newBrowser(t, f.server(t, &dashboard.Config{Authorize: alice, Prefix: "/ops"}))
 	letter := f.open(t, "o-1")[0]
 	id := strconv.FormatInt(letter.ID, 10)
@@ -240,6 +238,7 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', '{"a":1}', 
 		require.Regexp(t, `<td>billing</td>\s*<td class="bad"><a href="/ops/consumers/billing/letters">2</a></td>`, page)
 		require.Contains(t, page, `<a href="/ops/consumers/billing/gaps">1</a>`, "one gap: o-1 behind its letter")
 		require.Contains(t, page, `id="dead-events">1<`)
+		require.Contains(t, page, `id="undelivered">3<`)
 		require.Contains(t, page, "No relay instance")
 	})
 	t.Run("Letters", func(t *testing.T) {
@@ -371,4 +370,24 @@ func TestBoundedPaging(t *testing.T) {
 	page := b.page("/consumers/billing/gaps")
 	require.Contains(t, page, "<b>2&#43;</b> open gaps")
 	require.Equal(t, 2, strings.Count(page, `<section class="gap">`))
+}
+
+func TestDedupeHorizonWarnings(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	f.letters(t)
+	b := newBrowser(t, f.server(t, &dashboard.Config{KeyRetention: 24 * time.Hour}))
+	require.Regexp(t, `<td>ok</td>\s*</tr>`, b.page("/"), "nothing is older than a day yet")
+
+	_, err := f.db.Pool.Exec(ctx, `UPDATE `+f.db.Table("dead_letters")+` SET first_failed_at = now() - interval '3 days'`)
+	require.NoError(t, err)
+	_, err = f.db.Pool.Exec(ctx, `UPDATE `+f.db.Table("parked")+` SET parked_at = now() - interval '2 days'`)
+	require.NoError(t, err)
+	_, err = f.db.Pool.Exec(ctx, `INSERT INTO `+f.db.Table("processed_keys")+` (consumer, key, processed_at) VALUES ('billing', 'old', now() - interval '4 days')`)
+	require.NoError(t, err)
+	page := b.page("/")
+	require.Contains(t, page, "open dead letters are older (3d) than the key retention (24h0m0s)")
+	require.Contains(t, page, "parked records are older (2d)")
+	require.Contains(t, page, "processed keys are kept longer (4d)")
 }

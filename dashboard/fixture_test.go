@@ -20,6 +20,7 @@ import (
 	"github.com/d419a114/outbox/dashboard"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/producer"
 )
 
 // fixture is one test's world: a schema, a consumer "billing" whose
@@ -90,6 +91,25 @@ func (f *fixture) letters(t *testing.T) {
 	f.setFail("o-2", errors.New("address has no postcode"))
 	f.process(t, "o-1", `{"order":"o-1","total_cents":1999}`, 1, 2, 3)
 	f.process(t, "o-2", `{"order":"o-2"}`, 1)
+}
+
+// backlog gives the producer side something to show: three undelivered
+// events and a dead one.
+func (f *fixture) backlog(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, f.db.Pool, func(tx pgx.Tx) error {
+		w := producer.NewWriter(&producer.WriterConfig{Schema: f.db.Schema})
+		for _, id := range []string{"o-7", "o-8", "o-9"} {
+			if _, err := w.Write(ctx, tx, producer.Event{AggregateType: "order", AggregateID: id, EventType: "order.placed", Payload: []byte(`{}`)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	_, err := f.db.Pool.Exec(ctx, `INSERT INTO `+f.db.Table("dead_events")+` (id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers, created_at, attempts, last_error, hold)
+VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', '{"a":1}', '{}', now(), 10, 'MESSAGE_TOO_LARGE', true)`)
+	require.NoError(t, err)
 }
 
 // open returns billing's open letters of agg.
