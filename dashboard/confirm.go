@@ -116,14 +116,25 @@ func (d *Dashboard) confirmLetter(r *http.Request, data *confirmData, id string)
 		if err != nil {
 			return err
 		}
-		data.Successors, data.Drains, data.Parked = succ, drains(succ, l.Seq+1), int64(len(succ))
+		// The aggregate's parked count, not just the first listed: its
+		// open letters are few, so the bound is never reached in practice.
+		p, err := d.letters.Preview(r.Context(), d.pool, &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
+			AggregateType: l.AggregateType, AggregateID: l.AggregateID, Limit: d.cfg.CountCap + 1})
+		if err != nil {
+			return err
+		}
+		data.Successors, data.Drains, data.Parked = succ, drains(succ, l.Seq+1), p.Parked
+	}
+	drained := strconv.Itoa(data.Drains)
+	if data.Drains == maxSuccessors {
+		drained = "at least " + drained
 	}
 	verb := "apply it again through the consumer's handler"
 	if data.Action == operator.Discard {
 		verb = "give it up for good, without applying it"
 	}
-	data.What = fmt.Sprintf("Ask consumer %q to %s (letter %d, %s/%s seq %d); then %d parked successors drain in sequence order.",
-		data.Consumer, verb, l.ID, l.AggregateType, l.AggregateID, l.Seq, data.Drains)
+	data.What = fmt.Sprintf("Ask consumer %q to %s (letter %d, %s/%s seq %d); then %s parked successors drain in sequence order.",
+		data.Consumer, verb, l.ID, l.AggregateType, l.AggregateID, l.Seq, drained)
 	return nil
 }
 
@@ -209,8 +220,12 @@ func (d *Dashboard) confirmGap(r *http.Request, data *confirmData, q url.Values)
 		return nil
 	}
 	data.Drains = drains(succ, upTo+1)
-	data.What = fmt.Sprintf("Ask consumer %q to give up sequences %d to %d of aggregate %s for good (they are never applied, even if they arrive later), then apply the %d parked records that follow on.",
-		data.Consumer, last+1, upTo, agg, data.Drains)
+	drained := strconv.Itoa(data.Drains)
+	if len(succ) == maxSuccessors {
+		drained = "at least " + drained
+	}
+	data.What = fmt.Sprintf("Ask consumer %q to give up sequences %d to %d of aggregate %s for good (they are never applied, even if they arrive later), then apply the %s parked records that follow on.",
+		data.Consumer, last+1, upTo, agg, drained)
 	if data.Letter != nil {
 		data.What += fmt.Sprintf(" It stops below open dead letter %d at seq %d, which stays open.", data.Letter.ID, data.Letter.Seq)
 	}

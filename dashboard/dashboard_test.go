@@ -391,3 +391,20 @@ func TestDedupeHorizonWarnings(t *testing.T) {
 	require.Contains(t, page, "parked records are older (2d)")
 	require.Contains(t, page, "processed keys are kept longer (4d)")
 }
+
+func TestResolveGap(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.serveRequests(t)
+	// o-5's seq 1 never arrives; 2 and 3 wait.
+	f.process(t, "o-5", "v", 2, 3)
+	b := newBrowser(t, f.server(t, &dashboard.Config{Authorize: alice}))
+	require.Contains(t, b.page("/consumers/billing/gaps"), "order/o-5: waits for seq 1")
+	confirm := "/consumers/billing/confirm?action=resolve_gap&aggregate_type=order&aggregate_id=o-5"
+	require.Contains(t, b.page(confirm), "give up sequences 1 to 1 of aggregate order/o-5 for good")
+	status, loc := b.post("/consumers/billing/requests", b.form(confirm), nil)
+	require.Equal(t, http.StatusSeeOther, status)
+	eventually.True(t, 20*time.Second, func() bool { return strings.Contains(b.page(loc), `id="status" class="done"`) })
+	require.Equal(t, []string{"o-5:2", "o-5:3"}, f.appliedOf("o-5"))
+	require.Contains(t, b.page("/consumers/billing/gaps"), "No open gap.")
+}
