@@ -195,4 +195,10 @@ var handlers = map[string]func(context.Context, *env) error{
 	"gaps list":       gapsList,
 	"gaps resolve":    gapResolve,
 	"requests":        requests,
+	"dashboard":       serveDashboard,
+}
+
+// serveDashboard serves the dashboard read-only on -listen until interrupted.
+func serveDashboard(ctx context.Context, e *env) error {
+	return dashboardCmd(ctx, e.pool, e.schema, e.listen, e.out)
 }
