@@ -244,9 +244,10 @@ func (p *Processor) handlerFailed(ctx context.Context, tx *pipelinedTx, m *Messa
 		// about the records and must not count as a try.
 		return notDoneBatch(lost)
 	}
-	if classify(err) == classTransient {
-		// A deadlock, a lock timeout: not the records' fault, so no
-		// record is blamed; one by one, each is tried afresh.
+	if c := classify(err); c == classTransient || c == classSuspect {
+		// A deadlock, a lock timeout, a pooler's lost statement: which
+		// record is at fault, if any, the batch cannot say; one by one,
+		// each is tried afresh and judged alone.
 		return offPath
 	}
 	return batchOutcome{verdict: batchHandlerFailed, failed: m, err: err}

@@ -17,7 +17,11 @@ type Config struct {
 	// Schema holds the consumer's tables. Default outbox.DefaultSchema.
 	Schema string
 	// MaxAttempts is how often a record is tried in-process before it is
-	// dead-lettered. Default 5.
+	// dead-lettered. A handler's statement timeout, lock timeout or
+	// deadlock counts as a try while the database answers other work;
+	// during an outage nothing counts and the record is handed back
+	// after MaxAttempts tries in a row (see the package's README).
+	// Default 5.
 	MaxAttempts int
 	// MinBackoff and MaxBackoff bound the exponential wait between tries,
 	// which is jittered. Default 50ms and 5s.

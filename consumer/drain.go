@@ -55,7 +55,7 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if classify(herr) == classTransient {
+			if p.judge(ctx, classify(herr), herr, m) == classTransient {
 				// Not the parked record's fault: undo the whole
 				// transaction and hand the releasing record back.
 				return infra(fmt.Errorf("consumer: drain %s seq %d: %w", agg, m.Seq, herr))

@@ -146,9 +146,9 @@ const (
 	// toward Config.MaxAttempts and the record is dead-lettered after the
 	// last (at once when the error is Permanent).
 	classRecord errClass = iota
-	// classTransient: the database or the network failed, or the record
-	// lost a race with another transaction. It says nothing about the
-	// record: the try does not count, the record is handed back to be
+	// classTransient: the database or the network failed, or the
+	// connection pooler lost a prepared statement. It says nothing about
+	// the record: the try does not count, the record is handed back to be
 	// processed again, and it is never dead-lettered for it.
 	classTransient
 	// classData: the database refused the record's own data in the SDK's
@@ -156,10 +156,18 @@ const (
 	// long to index). Retrying cannot help: the record is dead-lettered at
 	// once.
 	classData
+	// classSuspect: the handler's own statement failed with a SQLSTATE
+	// that an outage also causes (a statement timeout, a lock timeout, a
+	// deadlock, a lost connection). Whose fault it is depends on the
+	// database: when it serves other work the record is at fault (a
+	// statement that times out every time is no outage) and the try
+	// counts; when it does not, nothing counts. Processor.judge decides.
+	classSuspect
 )
 
 // transientStates are the SQLSTATEs, and classes (two characters), that
-// classify files under classTransient.
+// an outage, a failover or contention causes: transient in the SDK's own
+// statements, suspect in the handler's (see classSuspect).
 var transientStates = map[string]bool{
 	"08":    true, // connection exception
 	"53":    true, // insufficient resources
@@ -173,17 +181,41 @@ var transientStates = map[string]bool{
 	"25006": true, // read_only_sql_transaction (a switchover left us on a replica)
 }
 
+// poolerStates are the SQLSTATEs a connection pooler in transaction mode
+// causes under pgx's statement cache (a prepared statement that another
+// client's session holds, or that this session lost), and PgBouncer's
+// protocol errors. They are a deployment's fault, never a record's:
+// transient wherever they come from, the handler included. The fix is in
+// docs/deployment.md: pgx's exec or describe-exec mode, or PgBouncer 1.21
+// and later with max_prepared_statements.
+var poolerStates = map[string]bool{
+	"42P05": true, // duplicate_prepared_statement
+	"26000": true, // invalid_sql_statement_name (prepared statement does not exist)
+	"08P01": true, // protocol_violation
+}
+
 // classify says what err tells about its record; see errClass. A
-// *pgconn.PgError is classified by its SQLSTATE wherever it came from; an
-// error of the consumer's own statements (infra) is transient unless its
-// SQLSTATE says the record's data is at fault.
+// *HandlerTimeoutError is the record's, whatever SQLSTATE the cancelled
+// statement reported. A *pgconn.PgError is classified by its SQLSTATE
+// wherever it came from; an error of the consumer's own statements
+// (infra) is transient unless its SQLSTATE says the record's data is at
+// fault.
 func classify(err error) errClass {
+	var te *HandlerTimeoutError
+	if errors.As(err, &te) {
+		return classRecord
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		code := pe.Code
 		switch {
-		case transientStates[code] || len(code) == 5 && transientStates[code[:2]]:
+		case poolerStates[code]:
 			return classTransient
+		case transientStates[code] || len(code) == 5 && transientStates[code[:2]]:
+			if isInfra(err) {
+				return classTransient
+			}
+			return classSuspect
 		case isInfra(err) && (strings.HasPrefix(code, "22") || strings.HasPrefix(code, "54")):
 			return classData
 		}
@@ -192,6 +224,12 @@ func classify(err error) errClass {
 		return classTransient
 	}
 	return classRecord
+}
+
+// isPooler reports whether err carries one of poolerStates.
+func isPooler(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && poolerStates[pe.Code]
 }
 
 func isInfra(err error) bool {

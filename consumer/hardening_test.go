@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -395,78 +394,6 @@ func TestHandlerTimeout(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.ErrorContains(t, err, "record orders/0@7: handler did not finish before the context's deadline")
 	})
-}
-
-// TestTransientErrors: failures that say nothing about the record (a lock
-// timeout, a serialization failure) are retried and handed back, never
-// dead-lettered, however long they last.
-func TestTransientErrors(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-
-	t.Run("LockTimeoutInTheHandler", func(t *testing.T) {
-		t.Parallel()
-		db := pgtest.New(t, nil)
-		e := newEffects(t, db)
-		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '20ms'`); err != nil {
-				return err
-			}
-			return e.Handle(ctx, tx, m)
-		})
-		p, err := consumer.Handle(db.Pool, "svc", h, fastConfig(db, 1))
-		require.NoError(t, err)
-		lock, err := db.Pool.Begin(ctx)
-		require.NoError(t, err)
-		_, err = lock.Exec(ctx, `LOCK TABLE `+e.table+` IN ACCESS EXCLUSIVE MODE`)
-		require.NoError(t, err)
-		r := placed(t, "o", 1, "k1")
-		_, err = p.Process(ctx, r)
-		var pe *pgconn.PgError
-		require.ErrorAs(t, err, &pe, "handed back undone")
-		require.Equal(t, "55P03", pe.Code)
-		letters, err := p.DeadLetters(ctx, nil)
-		require.NoError(t, err)
-		require.Empty(t, letters, "never dead-lettered for the database's failure")
-		require.NoError(t, lock.Rollback(ctx))
-		res, err := p.Process(ctx, r)
-		require.NoError(t, err)
-		require.Equal(t, consumer.Applied, res.Outcome)
-	})
-
-	for _, md := range modes {
-		t.Run("SerializationFailure"+md.name, func(t *testing.T) {
-			t.Parallel()
-			db := pgtest.New(t, nil)
-			e := newEffects(t, db)
-			fails := 10
-			e.reject = func(m *consumer.Message) error {
-				if m.AggregateID == "o" && fails > 0 {
-					fails--
-					return &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
-				}
-				return nil
-			}
-			p, err := consumer.Handle(db.Pool, "svc", md.handler(e), fastConfig(db, md.batch))
-			require.NoError(t, err)
-			recs := []*kgo.Record{placed(t, "o", 1, "k1"), placed(t, "p", 1, "p1")}
-			var done []consumer.Result
-			for range 20 {
-				if len(recs) == 0 {
-					break
-				}
-				res, err := p.ProcessBatch(ctx, recs)
-				done = append(done, res...)
-				recs = recs[len(res):]
-				if err != nil {
-					var pe *pgconn.PgError
-					require.ErrorAs(t, err, &pe)
-				}
-			}
-			require.Empty(t, recs)
-			require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Applied}, outcomes(done))
-		})
-	}
 }
 
 // TestRunAbandonsAHandlerThatIgnoresItsContext: Run returns soon after

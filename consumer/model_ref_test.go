@@ -40,10 +40,13 @@ import (
 //     its own sake is dead-lettered in the same transaction (its key
 //     released) and stops the drain. A record-class failure (an error, a
 //     panic, Permanent, a HandlerTimeout) dead-letters the record after
-//     Config.MaxAttempts tries (at once when Permanent). A transient failure
-//     (SQLSTATE 40001 here), in the record's own handler or in a drained
-//     successor's, undoes the whole transaction and, after MaxAttempts
-//     tries, hands the record back with an error: never dead-lettered.
+//     Config.MaxAttempts tries (at once when Permanent). A transient
+//     SQLSTATE (40001 here) in the handler's own statement while the
+//     database answers other work is the record's fault too: counted and
+//     dead-lettered the same way, never retried without bound.
+//   - During an outage (every connection and statement fails) every
+//     record of the poll is handed back with an error: nothing changes,
+//     nothing is dead-lettered.
 //   - A record handed back ends the poll: it and the records after it are
 //     not done and are polled again, first, as Kafka would redeliver them.
 //   - Replay(letter): re-parse; a claimed key is a Duplicate (marked
@@ -114,7 +117,7 @@ type fault int
 
 const (
 	faultNone      fault = iota
-	faultTransient       // a real SQLSTATE 40001 from the handler's statement
+	faultTransient       // a real SQLSTATE 40001 from the handler's statement: counted while the database answers
 	faultFail            // a plain error: retried, then dead-lettered
 	faultPermanent       // consumer.Permanent: dead-lettered at once
 	faultPanic           // a panic: retried, then dead-lettered
@@ -314,7 +317,7 @@ func (m *model) park(agg string, seq, rid int64, key string) {
 func (m *model) runInOrder(r mRecord, replay bool) result {
 	_, key, agg, seq := r.parsed()
 	switch f := m.faults[key]; {
-	case f == faultTransient || (replay && f != faultNone):
+	case replay && f != faultNone:
 		return result{out: outHandedBack}
 	case f != faultNone:
 		return m.deadLetter(r)
@@ -334,8 +337,8 @@ func (m *model) runInOrder(r mRecord, replay bool) result {
 	return result{out: outApplied, drained: n}
 }
 
-// drain applies agg's parked records that are in line; ok false means a
-// transient failure undid the transaction (the caller restores).
+// drain applies agg's parked records that are in line; ok false means the
+// drain failed as a database error (the caller restores).
 func (m *model) drain(agg string) (n int, ok bool) {
 	for {
 		seq := m.pos[agg] + 1
@@ -349,8 +352,6 @@ func (m *model) drain(agg string) (n int, ok bool) {
 			m.applied[agg] = append(m.applied[agg], p.key)
 			m.pos[agg] = seq
 			n++
-		case faultTransient:
-			return n, false
 		default:
 			// Dead-lettered in the transaction, its key released.
 			delete(m.claimed, p.key)

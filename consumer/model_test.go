@@ -34,7 +34,7 @@ import (
 // producer, reordered, skipped, lost, first seen above 1, a sequence reused
 // by another event, malformed in the ways a foreign producer can), handler
 // faults per key (transient SQLSTATE 40001, an error, Permanent, a panic, a
-// hang past HandlerTimeout), healing, operator actions (Replay, Discard,
+// hang past HandlerTimeout), polls during a database outage, healing, operator actions (Replay, Discard,
 // ResolveGap, and bulk requests of package operator) and restarts (a new Processor; optionally the last poll
 // redelivered, as after a crash between the database commit and the
 // offset commit). Each step runs in all three modes (Process one record at
@@ -242,6 +242,8 @@ type modeRun struct {
 	// table holds the effects, of every mode and iteration.
 	table string
 	p     *consumer.Processor
+	// down is p's database: on during an outage step, between polls off.
+	down *outage
 	// letters maps a letter's record offset (the model's rid) to its id,
 	// from the last snapshot.
 	letters map[int64]int64
@@ -252,7 +254,8 @@ func (r *modeRun) start() error {
 		Schema: r.db.Schema, MaxAttempts: modelMaxAttempts, MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
 		HandlerTimeout: modelHandlerTimeout, MaxValueBytes: modelMaxValue, Logger: quietLogger,
 	}
-	p, err := consumer.Handle(r.db.Pool, r.name, r.h, cfg)
+	r.down = &outage{DB: r.db.Pool}
+	p, err := consumer.Handle(r.down, r.name, r.h, cfg)
 	r.p = p
 	return err
 }
@@ -471,12 +474,13 @@ func (h *modelHarness) run(t *rapid.T) {
 	for range steps {
 		op := rapid.SampledFrom([]string{
 			"poll", "poll", "poll", "poll", "poll", "poll",
-			"fault", "heal", "replay", "discard", "resolve", "restart", "bulk",
+			"fault", "heal", "replay", "discard", "resolve", "restart", "bulk", "outage",
 		}).Draw(t, "op")
 		switch op {
 		case "poll":
 			h.doPoll(t, h.drawPoll(t))
-			h.drawTransientEnds(t)
+		case "outage":
+			h.doOutage(t, h.drawPoll(t))
 		case "fault":
 			h.drawFault(t)
 		case "heal":
@@ -601,18 +605,6 @@ func (h *modelHarness) setFault(key string, f fault) {
 		h.model.faults[key] = f
 	}
 	h.faults.set(h.model.faults)
-}
-
-// drawTransientEnds heals, or not, each transient fault that handed a
-// record back: a lock wait or a serialization conflict ends by itself, and
-// the next poll then applies the record.
-func (h *modelHarness) drawTransientEnds(t *rapid.T) {
-	for _, r := range h.pending {
-		if h.model.faults[r.key] == faultTransient && rapid.Bool().Draw(t, "transient ends") {
-			h.setFault(r.key, faultNone)
-			h.logf("transient fault of %s ended", r.key)
-		}
-	}
 }
 
 func (h *modelHarness) drawFault(t *rapid.T) {
@@ -763,6 +755,40 @@ func (h *modelHarness) doPoll(t *rapid.T, recs []mRecord) {
 		}
 	}
 	_ = snaps
+}
+
+// doOutage hands recs to every mode while the database is down: every
+// record is handed back, and nothing changes, nothing is dead-lettered.
+func (h *modelHarness) doOutage(t *rapid.T, recs []mRecord) {
+	if len(recs) == 0 {
+		return
+	}
+	h.logf("outage poll of %d records", len(recs))
+	got := make([][]result, len(h.runs))
+	h.inModes(func(i int, r *modeRun) error {
+		krs := make([]*kgo.Record, len(recs))
+		for j, mr := range recs {
+			c := *h.recs[mr.rid]
+			krs[j] = &c
+		}
+		r.down.on.Store(true)
+		defer r.down.on.Store(false)
+		got[i], _ = r.poll(h.ctx, krs)
+		return nil
+	})
+	want := make([]result, len(recs))
+	for i := range want {
+		want[i] = result{out: outHandedBack}
+	}
+	for i, r := range h.runs {
+		if !slices.Equal(got[i], want) {
+			h.fatalf(t, "%s: outage poll results %v, want every record handed back", r.md.name, got[i])
+		}
+	}
+	h.cov.add("outage")
+	h.pending = recs
+	h.lastPoll = recs
+	h.check(t)
 }
 
 // doOperator runs Replay or Discard of the letter of rid, or ResolveGap of

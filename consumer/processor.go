@@ -175,6 +175,7 @@ func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (
 	if prior != nil {
 		handlerRuns, attempt = 1, 1
 	}
+	class := classRecord
 	for {
 		if err != nil {
 			if ctx.Err() != nil {
@@ -185,7 +186,8 @@ func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (
 				return Result{}, err
 			}
 			tries := attempt
-			switch classify(err) {
+			class = p.judge(ctx, classify(err), err, m)
+			switch class {
 			case classTransient:
 				if transient++; transient >= p.cfg.MaxAttempts {
 					return Result{}, err
@@ -206,7 +208,7 @@ func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (
 				return Result{}, notDone(ctx, m, "not retried")
 			}
 		}
-		if classify(err) != classTransient {
+		if class != classTransient {
 			attempt++
 		}
 		m.Attempt = attempt + transient

@@ -1,0 +1,47 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// probeTimeout bounds the probe that judge sends: a database that cannot
+// answer SELECT 1 within it is not serving other work.
+const probeTimeout = 5 * time.Second
+
+// judge turns the class of err, a record's failed try, into classRecord or
+// classTransient when it is classSuspect: a statement timeout, a lock
+// timeout, a deadlock or a lost connection in the handler's own work,
+// which a sick record and an outage both cause. It asks the database on
+// another connection. When the database answers, it serves other work and
+// the failure is the record's: its try counts toward Config.MaxAttempts,
+// so a record whose handler times out every time ends as a dead letter
+// instead of being handed back for ever. When it does not answer, that is
+// an outage: nothing counts, nothing is dead-lettered, and the log says
+// so. Other classes pass through unchanged; a pooler's error is logged
+// with its fix.
+func (p *Processor) judge(ctx context.Context, class errClass, err error, m *Message) errClass {
+	if isPooler(err) {
+		p.log.WarnContext(ctx, "consumer: a connection pooler lost a prepared statement; the record is not blamed. Behind PgBouncer in transaction mode use pgx's exec or describe-exec mode (default_query_exec_mode=exec in the connection string), or PgBouncer 1.21+ with max_prepared_statements: see docs/deployment.md",
+			slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
+			slog.String("error", err.Error()))
+		return class
+	}
+	if class != classSuspect {
+		return class
+	}
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var one int
+	perr := p.db.QueryRow(pctx, "SELECT 1").Scan(&one)
+	if perr == nil {
+		return classRecord
+	}
+	if ctx.Err() == nil {
+		p.log.WarnContext(ctx, "consumer: database not answering; the record's failure is not counted against it and nothing is dead-lettered until it answers again",
+			slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
+			slog.String("error", err.Error()), slog.String("probe_error", perr.Error()))
+	}
+	return classTransient
+}
