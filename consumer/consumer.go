@@ -28,7 +28,7 @@ import (
 // that came back.
 func ClientOpts() []kgo.Opt {
 	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
-		kgo.OnPartitionsRevoked(onRevoked), kgo.OnPartitionsLost(onLost)}
+		kgo.OnPartitionsAssigned(onAssigned), kgo.OnPartitionsRevoked(onRevoked), kgo.OnPartitionsLost(onLost)}
 }
 
 // Consumer runs a Processor over a franz-go consumer group. Each assigned
@@ -129,6 +129,13 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if client == nil {
 		return nil, errors.New("consumer: nil client")
 	}
+	defaults, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPool(db, defaults); err != nil {
+		return nil, err
+	}
 	if g, _ := client.OptValue(kgo.ShareGroup).(string); g != "" {
 		if cfg == nil || !cfg.Unordered {
 			return nil, fmt.Errorf("consumer: client is in share group %q, which hands a partition's records to many members in no order; an ordered handler cannot run on it: set Config.Unordered if the handler needs no order (each record is still applied once), or consume with kgo.ConsumerGroup", g)
@@ -176,6 +183,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.New("consumer: another Consumer is running on this client; give each Consumer a client of its own")
 	}
 	defer runners.Delete(c.client)
+	if err := c.proc.CheckSchema(ctx); err != nil {
+		return err
+	}
+	c.logStart(ctx)
 	if warnings, err := c.CheckRetention(ctx); err != nil {
 		c.log.WarnContext(ctx, "consumer: could not check key retention against topic retention", slog.String("error", err.Error()))
 	} else {
@@ -219,6 +230,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	c.retire(context.WithoutCancel(ctx), lanes, false)
 	return err
+}
+
+// logStart says at INFO that the Consumer runs: its name, group, topics
+// and the settings that shape its throughput.
+func (c *Consumer) logStart(ctx context.Context) {
+	group, _ := c.client.OptValue(kgo.ConsumerGroup).(string)
+	if c.share {
+		group, _ = c.client.OptValue(kgo.ShareGroup).(string)
+	}
+	member, _ := c.client.GroupMetadata()
+	c.log.InfoContext(ctx, "consumer: started", slog.String("group", group), slog.String("member_id", member),
+		slog.Bool("share_group", c.share), slog.Any("topics", c.client.GetConsumeTopics()),
+		slog.Int("concurrency", c.cfg.Concurrency), slog.Int("batch_size", c.cfg.BatchSize),
+		slog.String("schema", c.cfg.Schema))
 }
 
 // poll feeds the lanes until ctx ends (nil) or the client is closed

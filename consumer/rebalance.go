@@ -24,6 +24,22 @@ func runnerOf(cl *kgo.Client) *Consumer {
 	return r
 }
 
+// onAssigned logs the partitions the group gave this member.
+func onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	if c := runnerOf(cl); c != nil {
+		c.logPartitions(ctx, "assigned", assigned)
+	}
+}
+
+// logPartitions logs at INFO that parts were assigned, revoked or lost,
+// naming the member, its group and its generation.
+func (c *Consumer) logPartitions(ctx context.Context, how string, parts map[string][]int32) {
+	member, gen := c.client.GroupMetadata()
+	group, _ := c.client.OptValue(kgo.ConsumerGroup).(string)
+	c.log.InfoContext(ctx, "consumer: partitions "+how, slog.String("group", group), slog.String("member_id", member),
+		slog.Int("generation", int(gen)), slog.Any("partitions", parts))
+}
+
 // onRevoked finishes the revoked partitions' records and commits their
 // offsets before the group hands them to another member.
 func onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
@@ -96,7 +112,7 @@ func (c *Consumer) leave(ctx context.Context, parts map[string][]int32, lost boo
 	if lost {
 		how = "lost"
 	}
-	c.log.InfoContext(ctx, "consumer: partitions "+how+"; stopping their lanes", slog.Int("lanes", len(lanes)))
+	c.logPartitions(ctx, how, parts)
 	c.retire(ctx, lanes, lost)
 }
 

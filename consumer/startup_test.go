@@ -1,0 +1,104 @@
+package consumer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/internal/eventually"
+)
+
+// TestStartUp: a Consumer refuses what would make it wait or retry for
+// ever without a word (a database never migrated, a schema older than the
+// SDK, a pool too small), and says at INFO that it runs and which
+// partitions it was given.
+func TestStartUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("UnmigratedSchemaIsRefused", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 1)
+		cfg := fastConfig(b.db, 1)
+		cfg.Schema = "never_migrated"
+		c, err := consumer.New(b.db.Pool, b.client(t, b.group), "svc", b.effects, cfg)
+		require.NoError(t, err)
+		err = c.Run(ctx)
+		require.ErrorContains(t, err, `schema "never_migrated" has no outbox tables in this database`)
+		require.ErrorContains(t, err, "outbox.Migrate")
+	})
+
+	t.Run("OlderSchemaIsRefused", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 1)
+		_, err := b.db.Pool.Exec(ctx, `DELETE FROM `+b.db.Table("schema_versions")+` WHERE version = (SELECT max(version) FROM `+b.db.Table("schema_versions")+`)`)
+		require.NoError(t, err)
+		c, err := consumer.New(b.db.Pool, b.client(t, b.group), "svc", b.effects, fastConfig(b.db, 1))
+		require.NoError(t, err)
+		err = c.Run(ctx)
+		require.ErrorContains(t, err, "and this SDK needs")
+		require.ErrorContains(t, err, "outbox.Migrate")
+	})
+
+	t.Run("PoolTooSmallIsRefused", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 1)
+		cfg := b.db.Pool.Config()
+		cfg.MaxConns = 1
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer pool.Close()
+		_, err = consumer.New(pool, b.client(t, b.group), "svc", b.effects, fastConfig(b.db, 1))
+		require.ErrorContains(t, err, "the pool allows 1 connections and a Consumer needs at least 3")
+		noRequests := fastConfig(b.db, 1)
+		noRequests.RequestPoll = -1
+		_, err = consumer.New(pool, b.client(t, b.group), "svc", b.effects, noRequests)
+		require.ErrorContains(t, err, "needs at least 2")
+	})
+
+	t.Run("SmallestPoolApplies", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 1)
+		cfg := b.db.Pool.Config()
+		cfg.MaxConns = 3
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer pool.Close()
+		b.produce(t, stream(4, 20)...)
+		c, err := consumer.New(pool, b.client(t, b.group), "svc", b.effects, fastConfig(b.db, 1))
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(rctx) }()
+		eventually.True(t, 30*time.Second, func() bool { rows, _ := b.effects.count(t); return rows == 20 }, "every record applied")
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	t.Run("StartAndAssignmentAreLogged", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 2)
+		var logs lockedBuffer
+		cfg := fastConfig(b.db, 1)
+		cfg.Logger = logs.logger()
+		b.start(t, b.effects, cfg)
+		eventually.True(t, 30*time.Second, func() bool {
+			s := logs.String()
+			return containsAll(s, `msg="consumer: started"`, "group="+b.group, `msg="consumer: partitions assigned"`, "member_id=", b.topic+":[0 1]")
+		}, "start and assignment logged at INFO with group, member and partitions")
+	})
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
