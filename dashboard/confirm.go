@@ -97,7 +97,7 @@ func (d *Dashboard) confirmLetter(r *http.Request, data *confirmData, id string)
 	if err != nil {
 		return &badRequest{http.StatusBadRequest, fmt.Errorf("dashboard: letter id %q is not a number", id)}
 	}
-	l, err := d.letters.Get(r.Context(), d.pool, n)
+	l, err := d.letters.Peek(r.Context(), d.pool, n)
 	if errors.Is(err, deadletter.ErrNotFound) || (err == nil && l.Consumer != data.Consumer) {
 		return &badRequest{http.StatusNotFound, fmt.Errorf("dashboard: consumer %q has no dead letter %d", data.Consumer, n)}
 	}
@@ -199,7 +199,7 @@ func (d *Dashboard) confirmGap(r *http.Request, data *confirmData, q url.Values)
 		return err
 	}
 	letters, err := d.letters.List(r.Context(), d.pool, &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
-		AggregateType: agg.Type, AggregateID: agg.ID, Limit: 1})
+		AggregateType: agg.Type, AggregateID: agg.ID, Limit: 1, Brief: true})
 	if err != nil {
 		return err
 	}
@@ -213,6 +213,11 @@ func (d *Dashboard) confirmGap(r *http.Request, data *confirmData, q url.Values)
 	if len(letters) > 0 && letters[0].Seq > last && letters[0].Seq <= upTo {
 		data.Letter = letters[0]
 		upTo = letters[0].Seq - 1
+	}
+	if upTo <= last && data.Letter == nil {
+		data.Nothing = true
+		data.What = fmt.Sprintf("Aggregate %s of consumer %q misses nothing: its parked record at seq %d follows its position %d, so it is next in line; the consumer drains it at its next sweep (within a minute).", agg, data.Consumer, succ[0].Seq, last)
+		return nil
 	}
 	if upTo <= last {
 		data.Nothing = true

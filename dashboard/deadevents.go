@@ -53,7 +53,7 @@ func (d *Dashboard) deadEvents(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
-	opts.Limit = d.cfg.PageSize + 1
+	opts.Limit, opts.Brief = d.cfg.PageSize+1, true
 	list, err := d.dead.List(r.Context(), d.pool, &opts)
 	if err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
@@ -70,7 +70,7 @@ func (d *Dashboard) deadEvents(w http.ResponseWriter, r *http.Request) {
 		data.Next = d.cfg.Prefix + "/producer/dead?" + v.Encode()
 	}
 	for _, e := range list {
-		v := deadEvent{DeadEvent: e, Payload: newValue(e.Payload)}
+		v := deadEvent{DeadEvent: e, Payload: newValue(e.Payload, e.PayloadSize)}
 		if e.Status == producer.StatusDead {
 			v.Replay = d.cfg.Prefix + "/producer/dead/" + itoa(e.ID) + "/confirm?action=replay"
 			v.Discard = d.cfg.Prefix + "/producer/dead/" + itoa(e.ID) + "/confirm?action=discard"
@@ -86,7 +86,7 @@ func (d *Dashboard) findDeadEvent(r *http.Request, id string) (*producer.DeadEve
 	if err != nil || n <= 0 {
 		return nil, &badRequest{http.StatusBadRequest, fmt.Errorf("dashboard: dead event id %q is not a number", id)}
 	}
-	list, err := d.dead.List(r.Context(), d.pool, &producer.ListOpts{AfterID: n - 1, Limit: 1})
+	list, err := d.dead.List(r.Context(), d.pool, &producer.ListOpts{AfterID: n - 1, Limit: 1, Brief: true})
 	if err != nil {
 		return nil, err
 	}

@@ -36,7 +36,7 @@ type fixture struct {
 	applied []string
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	f := &fixture{db: pgtest.New(t, nil), fail: map[string]error{}}
 	h := consumer.HandlerFunc(func(_ context.Context, _ pgx.Tx, m *consumer.Message) error {
@@ -69,7 +69,7 @@ func (f *fixture) appliedOf(agg string) []string {
 
 // process feeds the consumer seqs of aggregate agg (order/agg) with the
 // given value.
-func (f *fixture) process(t *testing.T, agg string, value string, seqs ...int64) {
+func (f *fixture) process(t testing.TB, agg string, value string, seqs ...int64) {
 	t.Helper()
 	for _, seq := range seqs {
 		_, err := f.proc.Process(context.Background(), &kgo.Record{Topic: "orders", Offset: seq, Key: []byte(agg), Value: []byte(value),
@@ -113,7 +113,7 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', '{"a":1}', 
 }
 
 // open returns billing's open letters of agg.
-func (f *fixture) open(t *testing.T, agg string) []*deadletter.Letter {
+func (f *fixture) open(t testing.TB, agg string) []*deadletter.Letter {
 	t.Helper()
 	ls, err := f.proc.DeadLetters(context.Background(), &deadletter.ListOpts{Status: deadletter.StatusDead, AggregateID: agg})
 	require.NoError(t, err)

@@ -79,6 +79,7 @@ func (d *Dashboard) letterList(w http.ResponseWriter, r *http.Request) {
 	}
 
 	opts.Limit = d.cfg.PageSize + 1
+	opts.Brief = true
 	ls, err := d.letters.List(ctx, d.pool, &opts)
 	if err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
@@ -130,7 +131,7 @@ func (d *Dashboard) letter(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	data := letterData{Letter: l, Headers: headers(l.Record.Headers), Key: newValue(l.Record.Key), Value: newValue(l.Record.Value)}
+	data := letterData{Letter: l, Headers: headers(l.Record.Headers), Key: newValue(l.Record.Key, len(l.Record.Key)), Value: newValue(l.Record.Value, l.ValueSize)}
 	if l.Seq > 0 {
 		succ, err := d.successors(r, consumer, ordering.Aggregate{Type: l.AggregateType, ID: l.AggregateID}, l.Seq)
 		if err != nil {
@@ -155,7 +156,7 @@ func (d *Dashboard) openLetter(w http.ResponseWriter, r *http.Request, consumer,
 		d.fail(w, r, http.StatusBadRequest, errors.New("dashboard: letter id "+strconv.Quote(id)+" is not a number"))
 		return nil, false
 	}
-	l, err := d.letters.Get(r.Context(), d.pool, n)
+	l, err := d.letters.Peek(r.Context(), d.pool, n)
 	if errors.Is(err, deadletter.ErrNotFound) || (err == nil && l.Consumer != consumer) {
 		d.fail(w, r, http.StatusNotFound, errors.New("dashboard: consumer "+strconv.Quote(consumer)+" has no dead letter "+id))
 		return nil, false

@@ -1,7 +1,6 @@
 package dashboard
 
 import (
-	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"unicode"
@@ -11,33 +10,40 @@ import (
 )
 
 // maxShown bounds how many bytes of a value the letter page prints in
-// each view: values can be 16 MiB.
+// each view: values can be 16 MiB. The stores read no more than this
+// (deadletter.Store.Peek, and 256 bytes in listings), and every view is
+// made from what was read, so a page's memory is bounded before any
+// formatting whatever the record holds.
 const maxShown = 64 << 10
+
+// maxIndent is the nesting past which the JSON view indents no further: a
+// value nested 10,000 deep would otherwise take 10,000 spaces a line.
+const maxIndent = 16
 
 // value is a record's key or value in the views the letter page offers,
 // each hidden until clicked.
 type value struct {
 	Size int
-	// Cut is set when the views show only the first maxShown bytes.
+	// Cut is set when the views show only a prefix of the value.
 	Cut bool
 	// Text is the bytes as text, when they are printable UTF-8.
 	Text string
-	// JSON is the bytes indented, when they are JSON.
+	// JSON is the bytes indented, when the whole value was read and is
+	// JSON.
 	JSON string
 	// Hex is a hex dump.
 	Hex string
 }
 
-func newValue(b []byte) value {
-	v := value{Size: len(b)}
-	if json.Valid(b) {
-		var out bytes.Buffer
-		if err := json.Indent(&out, b, "", "  "); err == nil {
-			v.JSON = string(cut(out.Bytes()))
-		}
-	}
+// newValue is the views of b, the first bytes of a value of size bytes.
+func newValue(b []byte, size int) value {
 	shown := cut(b)
-	v.Cut = len(shown) < len(b)
+	v := value{Size: max(size, len(b)), Cut: len(shown) < max(size, len(b))}
+	if !v.Cut && json.Valid(shown) {
+		var full bool
+		v.JSON, full = indent(shown)
+		v.Cut = !full
+	}
 	if printable(shown) {
 		v.Text = string(shown)
 	}
@@ -50,6 +56,73 @@ func cut(b []byte) []byte {
 		return b[:maxShown]
 	}
 	return b
+}
+
+// indent lays valid JSON b out with two spaces a level (up to maxIndent
+// levels) in at most maxShown bytes; full is false when it stopped there.
+// It allocates its output once, whatever the nesting.
+func indent(b []byte) (out string, full bool) {
+	buf := make([]byte, 0, min(2*len(b)+64, maxShown+2*maxIndent+2))
+	depth := 0
+	newline := func() {
+		buf = append(buf, '\n')
+		for range min(depth, maxIndent) {
+			buf = append(buf, ' ', ' ')
+		}
+	}
+	inString, escaped := false, false
+	for i := 0; i < len(b); i++ {
+		if len(buf) >= maxShown {
+			return string(buf[:maxShown]), false
+		}
+		c := b[i]
+		if inString {
+			buf = append(buf, c)
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case ' ', '\t', '\n', '\r':
+		case '"':
+			inString = true
+			buf = append(buf, c)
+		case '{', '[':
+			buf = append(buf, c)
+			j := i + 1
+			for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {
+				j++
+			}
+			if j < len(b) && (b[j] == '}' || b[j] == ']') {
+				buf = append(buf, b[j])
+				i = j
+				continue
+			}
+			depth++
+			newline()
+		case '}', ']':
+			depth--
+			newline()
+			buf = append(buf, c)
+		case ',':
+			buf = append(buf, c)
+			newline()
+		case ':':
+			buf = append(buf, ':', ' ')
+		default:
+			buf = append(buf, c)
+		}
+	}
+	if len(buf) > maxShown {
+		return string(buf[:maxShown]), false
+	}
+	return string(buf), true
 }
 
 // printable reports whether b is UTF-8 text without control characters

@@ -52,6 +52,9 @@ type Letter struct {
 	// (the same reason, error type and handler frame, or the same error
 	// wording up to its numbers) share it. Failures groups them by it.
 	Failure string
+	// ValueSize is the size of the record's value as stored; a Brief
+	// listing reads only a prefix of it into Record.Value.
+	ValueSize int
 	// Attempts counts the tries, over all deliveries.
 	Attempts      int
 	FirstFailedAt time.Time
@@ -118,7 +121,16 @@ func (s *Store) Get(ctx context.Context, db outbox.DB, id int64) (*Letter, error
 	return s.get(ctx, db, s.sql.Get, id)
 }
 
-// get runs sql, Get or GetForUpdate, for id.
+// Peek is Get for a page that shows a letter to a person: it reads at most
+// 64 KiB of the record's key, value and stack and of each of its first 100
+// headers, and 16,384 characters of the error, so that one hostile record
+// cannot exhaust the process that shows it. Letter.ValueSize is the
+// value's whole size. Replay and Discard read the letter whole.
+func (s *Store) Peek(ctx context.Context, db outbox.DB, id int64) (*Letter, error) {
+	return s.get(ctx, db, s.sql.Peek, id)
+}
+
+// get runs sql, Get, Peek or GetForUpdate, for id.
 func (s *Store) get(ctx context.Context, db outbox.DB, sql string, id int64) (*Letter, error) {
 	rows, err := db.Query(ctx, sql, id)
 	if err != nil {
@@ -148,6 +160,11 @@ type ListOpts struct {
 	FailedAfter, FailedBefore time.Time
 	// AfterID pages List: only letters with a larger id.
 	AfterID int64
+	// Brief makes List read only the first 256 bytes of each record's key
+	// and value (Letter.ValueSize keeps the value's whole size) and of its
+	// error, and no headers and no stack: a listing's memory is then
+	// bounded whatever the records hold. Get reads a letter whole.
+	Brief bool
 	// Limit bounds the result. Default 100 for List, 1,000,000 for Match
 	// and Preview.
 	Limit int
@@ -172,7 +189,11 @@ func (s *Store) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]*Lett
 	if opts == nil {
 		opts = &ListOpts{}
 	}
-	rows, err := db.Query(ctx, s.sql.List, append(opts.args(), opts.AfterID, opts.limit(100))...)
+	sql := s.sql.List
+	if opts.Brief {
+		sql = s.sql.ListBrief
+	}
+	rows, err := db.Query(ctx, sql, append(opts.args(), opts.AfterID, opts.limit(100))...)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: list: %w", err)
 	}
@@ -347,6 +368,7 @@ type row struct {
 	ResolvedAt     *time.Time `db:"resolved_at"`
 	Reason         string     `db:"reason"`
 	Failure        string     `db:"failure"`
+	ValueSize      int        `db:"value_size"`
 }
 
 func collect(rows pgx.Rows) ([]*Letter, error) {
@@ -362,6 +384,7 @@ func collect(rows pgx.Rows) ([]*Letter, error) {
 			IdempotencyKey: deref(d.IdempotencyKey), AggregateType: deref(d.AggregateType), AggregateID: deref(d.AggregateID),
 			Error: d.Error, Stack: deref(d.Stack), Reason: d.Reason, Failure: d.Failure, Attempts: d.Attempts,
 			FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt, Status: d.Status, ResolvedAt: d.ResolvedAt,
+			ValueSize: d.ValueSize,
 		}
 		if d.RecordTime != nil {
 			l.Record.Timestamp = *d.RecordTime

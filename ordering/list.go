@@ -18,10 +18,12 @@ import (
 const listGapsSQL = `SELECT * FROM (%s) AS g ORDER BY since, aggregate_type, aggregate_id LIMIT $2`
 
 // listParkedSQL pages an aggregate's parked records along the parked
-// table's primary key (consumer, aggregate_type, aggregate_id, seq).
+// table's primary key (consumer, aggregate_type, aggregate_id, seq). It
+// reads 256 bytes of each key and value and no headers: a listing's memory
+// stays bounded whatever the records hold.
 const listParkedSQL = `
-SELECT seq, topic, kafka_partition, kafka_offset, record_key, value, header_keys, header_values, record_time,
-       idempotency_key, parked_at
+SELECT seq, topic, kafka_partition, kafka_offset, substring(record_key for 256), substring(value for 256),
+       NULL::text[], NULL::bytea[], record_time, idempotency_key, parked_at
 FROM %s.parked
 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND seq > $4
 ORDER BY seq
@@ -60,7 +62,8 @@ func (t *Tracker) ListGaps(ctx context.Context, db outbox.DB, limit int) ([]Open
 // ListParked returns up to limit (default 100) of agg's parked records
 // with a sequence above afterSeq, in sequence order: the records a
 // resolved gap would release, for an operator to look at. It changes
-// nothing.
+// nothing. Each Record holds the first 256 bytes of its key and value and
+// no headers: it is a listing, bounded whatever the records hold.
 func (t *Tracker) ListParked(ctx context.Context, db outbox.DB, agg Aggregate, afterSeq int64, limit int) ([]Parked, error) {
 	if limit <= 0 {
 		limit = 100

@@ -58,7 +58,7 @@ func TestList(t *testing.T) {
 		require.Equal(t, b, first[0].Aggregate)
 		require.Equal(t, "b-key", first[0].IdempotencyKey)
 		require.Equal(t, []byte{2}, first[0].Record.Value)
-		require.Equal(t, []kgo.RecordHeader{{Key: "h", Value: []byte("v")}}, first[0].Record.Headers)
+		require.Empty(t, first[0].Record.Headers, "a listing reads no headers")
 		require.False(t, first[0].ParkedAt.IsZero())
 		rest, err := tr.ListParked(ctx, db.Pool, b, first[1].Seq, 2)
 		require.NoError(t, err)

@@ -3,6 +3,7 @@ package producer
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,29 +25,33 @@ const (
 	StatusDiscarded Status = "discarded"
 )
 
-// DeadEvent is an event the relay gave up on.
+// DeadEvent is an event the relay gave up on. Its JSON names are the
+// table's columns (snake_case), as the CLI's -o json prints them.
 type DeadEvent struct {
-	ID             int64             `db:"id"`
-	EventID        string            `db:"event_id"`
-	IdempotencyKey string            `db:"idempotency_key"`
-	AggregateType  string            `db:"aggregate_type"`
-	AggregateID    string            `db:"aggregate_id"`
-	Seq            int64             `db:"aggregate_seq"`
-	EventType      string            `db:"event_type"`
-	Topic          *string           `db:"topic"`
-	ContentType    *string           `db:"content_type"`
-	Payload        []byte            `db:"payload"`
-	Headers        map[string]string `db:"headers"`
-	CreatedAt      time.Time         `db:"created_at"`
+	ID             int64             `db:"id" json:"id"`
+	EventID        string            `db:"event_id" json:"event_id"`
+	IdempotencyKey string            `db:"idempotency_key" json:"idempotency_key"`
+	AggregateType  string            `db:"aggregate_type" json:"aggregate_type"`
+	AggregateID    string            `db:"aggregate_id" json:"aggregate_id"`
+	Seq            int64             `db:"aggregate_seq" json:"aggregate_seq"`
+	EventType      string            `db:"event_type" json:"event_type"`
+	Topic          *string           `db:"topic" json:"topic,omitempty"`
+	ContentType    *string           `db:"content_type" json:"content_type,omitempty"`
+	Payload        []byte            `db:"payload" json:"payload"`
+	Headers        map[string]string `db:"headers" json:"headers"`
+	CreatedAt      time.Time         `db:"created_at" json:"created_at"`
 	// Attempts counts every failed publish.
-	Attempts int `db:"attempts"`
+	Attempts int `db:"attempts" json:"attempts"`
 	// LastError is the broker's last answer.
-	LastError string `db:"last_error"`
+	LastError string `db:"last_error" json:"last_error"`
 	// Hold reports whether the aggregate's later events wait for this one.
-	Hold       bool       `db:"hold"`
-	Status     Status     `db:"status"`
-	DiedAt     time.Time  `db:"died_at"`
-	ResolvedAt *time.Time `db:"resolved_at"`
+	Hold       bool       `db:"hold" json:"hold"`
+	Status     Status     `db:"status" json:"status"`
+	DiedAt     time.Time  `db:"died_at" json:"died_at"`
+	ResolvedAt *time.Time `db:"resolved_at" json:"resolved_at,omitempty"`
+	// PayloadSize is the payload's size as stored; a Brief listing reads
+	// only a prefix of it into Payload.
+	PayloadSize int `db:"payload_size" json:"payload_size"`
 }
 
 // DeadEventsConfig tunes DeadEvents. The zero value is valid.
@@ -59,8 +64,21 @@ type DeadEventsConfig struct {
 // database handle each call is given, as deadletter.Store does for the
 // consumer's dead letters.
 type DeadEvents struct {
-	list, replay, discard string
+	list, listBrief, replay, discard string
 }
+
+// deadEventsList reads dead events; {payload}, {headers} and {last_error}
+// are the whole columns, or for a brief listing their first bytes and no
+// headers.
+const deadEventsList = `
+SELECT id, event_id::text AS event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type,
+       topic, content_type, {payload} AS payload, {headers} AS headers, created_at, attempts, {last_error} AS last_error, hold, status,
+       died_at, resolved_at, octet_length(payload) AS payload_size
+FROM {schema}.dead_events
+WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR aggregate_type = $2) AND ($3::text IS NULL OR aggregate_id = $3)
+  AND id > $4
+ORDER BY id
+LIMIT $5`
 
 // NewDeadEvents returns the dead events of cfg's schema (nil means the
 // defaults).
@@ -70,15 +88,9 @@ func NewDeadEvents(cfg *DeadEventsConfig) *DeadEvents {
 		schema = cfg.Schema
 	}
 	return &DeadEvents{
-		list: qualify(`
-SELECT id, event_id::text AS event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type,
-       topic, content_type, payload, headers, created_at, attempts, last_error, hold, status,
-       died_at, resolved_at
-FROM {schema}.dead_events
-WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR aggregate_type = $2) AND ($3::text IS NULL OR aggregate_id = $3)
-  AND id > $4
-ORDER BY id
-LIMIT $5`, schema),
+		list: qualify(strings.NewReplacer("{payload}", "payload", "{headers}", "headers", "{last_error}", "last_error").Replace(deadEventsList), schema),
+		listBrief: qualify(strings.NewReplacer("{payload}", "substring(payload for 256)", "{headers}", "NULL::jsonb",
+			"{last_error}", "left(last_error, 256)").Replace(deadEventsList), schema),
 		replay: qualify(`
 WITH revived AS (
     UPDATE {schema}.dead_events SET status = 'replayed', resolved_at = now()
@@ -104,6 +116,11 @@ type ListOpts struct {
 	AggregateID   string
 	// AfterID pages: only events with a larger id.
 	AfterID int64
+	// Brief makes List read only the first 256 bytes of each payload
+	// (DeadEvent.PayloadSize keeps its whole size) and of its last error,
+	// and no headers: a listing's memory is then bounded whatever the
+	// events hold.
+	Brief bool
 	// Limit caps the result. Default 100.
 	Limit int
 }
@@ -115,7 +132,11 @@ func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]
 		o = *opts
 	}
 	setDefault(&o.Limit, 100)
-	rows, err := db.Query(ctx, d.list, tables.Filter(string(o.Status)), tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), o.AfterID, o.Limit)
+	sql := d.list
+	if o.Brief {
+		sql = d.listBrief
+	}
+	rows, err := db.Query(ctx, sql, tables.Filter(string(o.Status)), tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), o.AfterID, o.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("producer: list dead events: %w", err)
 	}

@@ -25,7 +25,8 @@ const defaultDashboardListen = "127.0.0.1:8080"
 // browser, so it offers no action: replaying, discarding and resolving
 // gaps need the dashboard mounted in a service with Config.Authorize (see
 // docs/dashboard.md). Listening on an address that is not a loopback one
-// serves every client that reaches it.
+// serves every client that reaches it, whatever name it uses: the command
+// warns so at start.
 func dashboardCmd(ctx context.Context, pool *pgxpool.Pool, schema, listen string, out io.Writer) error {
 	if listen == "" {
 		listen = defaultDashboardListen
@@ -36,7 +37,12 @@ func dashboardCmd(ctx context.Context, pool *pgxpool.Pool, schema, listen string
 	}
 	ip := net.ParseIP(host)
 	remote := host != "localhost" && (ip == nil || !ip.IsLoopback())
-	d, err := dashboard.New(pool, &dashboard.Config{Schema: schema, AllowRemote: remote, Logger: slog.Default()})
+	cfg := &dashboard.Config{Schema: schema, AllowRemote: remote, Logger: slog.Default()}
+	if remote {
+		// The command cannot know the names it is reached by.
+		cfg.Hosts = []string{"*"}
+	}
+	d, err := dashboard.New(pool, cfg)
 	if err != nil {
 		return err
 	}

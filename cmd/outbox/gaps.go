@@ -96,7 +96,7 @@ func gapResolve(ctx context.Context, e *env) error {
 	if found == nil {
 		return withCode(exitNotFound, fmt.Errorf("consumer %s has no open gap at %s", e.consumer, agg))
 	}
-	fmt.Fprintf(e.out, "resolve the gap of %s for %s: skip from %d; %d parked records may drain\n", agg, e.consumer, found.Expected, found.Parked)
+	fmt.Fprintf(e.out, "resolve the gap of %s for %s: skip from %d; %d parked records may drain\n", safe(agg.String()), safe(e.consumer), found.Expected, found.Parked)
 	if found.DeadLetterID != 0 && found.DeadLetterSeq == found.Expected {
 		return withCode(exitFailed, fmt.Errorf("the gap is dead letter %d: replay or discard it instead (outbox letters replay %d)", found.DeadLetterID, found.DeadLetterID))
 	}

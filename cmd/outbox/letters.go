@@ -68,6 +68,7 @@ func lettersList(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
+	f.Brief = true
 	ls, err := e.letters().List(ctx, e.pool, &f)
 	if err != nil {
 		return err
@@ -174,24 +175,25 @@ func letterShow(ctx context.Context, e *env) error {
 	fmt.Fprintf(e.out, "letter     %d (%s)\nconsumer   %s\nrecord     %s/%d@%d key %q\n", l.ID, l.Status, l.Consumer,
 		l.Record.Topic, l.Record.Partition, l.Record.Offset, l.Record.Key)
 	if l.AggregateID != "" || l.Seq != 0 {
-		fmt.Fprintf(e.out, "aggregate  %s/%s seq %d\n", l.AggregateType, l.AggregateID, l.Seq)
+		fmt.Fprintf(e.out, "aggregate  %s/%s seq %d\n", safe(l.AggregateType), safe(l.AggregateID), l.Seq)
 	}
-	fmt.Fprintf(e.out, "reason     %s\nfailure    %s\nattempts   %d, first %s, last %s\nerror      %s\n", l.Reason, l.Failure, l.Attempts,
-		l.FirstFailedAt.UTC().Format(time.RFC3339), l.LastFailedAt.UTC().Format(time.RFC3339), l.Error)
+	fmt.Fprintf(e.out, "reason     %s\nfailure    %s\nattempts   %d, first %s, last %s\nerror      %s\n", safe(l.Reason), safe(l.Failure), l.Attempts,
+		l.FirstFailedAt.UTC().Format(time.RFC3339), l.LastFailedAt.UTC().Format(time.RFC3339), safe(l.Error))
 	for _, h := range l.Record.Headers {
-		fmt.Fprintf(e.out, "header     %s: %s\n", h.Key, printable(h.Value))
+		fmt.Fprintf(e.out, "header     %s: %s\n", safe(h.Key), printable(h.Value))
 	}
 	fmt.Fprintf(e.out, "value      %d bytes\n%s\n", len(l.Record.Value), printable(l.Record.Value))
 	if l.Stack != "" {
-		fmt.Fprintf(e.out, "stack\n%s\n", l.Stack)
+		fmt.Fprintf(e.out, "stack\n%s\n", safe(l.Stack))
 	}
 	return nil
 }
 
-// printable is b as text when it is UTF-8, else as hex.
+// printable is b as text when it is UTF-8 (its control characters
+// escaped), else as hex.
 func printable(b []byte) string {
 	if utf8.Valid(b) {
-		return string(b)
+		return safe(string(b))
 	}
 	return "hex:" + hex.EncodeToString(b)
 }

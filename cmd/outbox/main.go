@@ -42,7 +42,7 @@ func main() {
 	defer stop()
 	err := run(ctx, os.Args[1:], os.Stdout)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "outbox:", err)
+		fmt.Fprintln(os.Stderr, "outbox:", safe(err.Error()))
 	}
 	stop()
 	os.Exit(exitCode(err))

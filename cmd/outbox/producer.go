@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/d419a114/outbox"
@@ -56,19 +55,20 @@ func health(ctx context.Context, e *env) error {
 
 func deadList(ctx context.Context, e *env) error {
 	list, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema}).List(ctx, e.pool,
-		&producer.ListOpts{Status: producer.Status(e.status), AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit})
+		&producer.ListOpts{Status: producer.Status(e.status), AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit, Brief: true})
 	if err != nil {
 		return err
 	}
 	if e.format == "json" {
 		return writeJSON(e.out, list)
 	}
-	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tAGGREGATE\tSEQ\tTYPE\tSTATUS\tATTEMPTS\tDIED\tLAST ERROR")
+	rows := make([][]string, 0, len(list))
 	for _, d := range list {
-		fmt.Fprintf(tw, "%d\t%s/%s\t%d\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.Seq, d.EventType, d.Status, d.Attempts, d.DiedAt.UTC().Format(time.RFC3339), d.LastError)
+		rows = append(rows, []string{strconv.FormatInt(d.ID, 10), d.AggregateType + "/" + d.AggregateID, strconv.FormatInt(d.Seq, 10), d.EventType, string(d.Status),
+			strconv.Itoa(d.Attempts), ago(d.DiedAt), d.LastError})
 	}
-	return tw.Flush()
+	return table(e.out, []string{"ID", "AGGREGATE", "SEQ", "TYPE", "STATUS", "TRIES", "AGE", "LAST ERROR"}, rows,
+		[]int{0, 16, 0, 12, 0, 0, 0, 0})
 }
 
 func deadResolve(ctx context.Context, e *env) error {

@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -48,14 +50,38 @@ func table(out io.Writer, header []string, rows [][]string, caps []int) error {
 }
 
 // cut shortens s to n runes, marking the cut with "…", and puts it on one
-// line.
+// line with its control characters escaped.
 func cut(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = safe(strings.Join(strings.Fields(s), " "))
 	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
 	r := []rune(s)
 	return string(r[:n-1]) + "…"
+}
+
+// safe escapes what a terminal would act on instead of print: control
+// characters (ANSI escape sequences start with one), bidirectional
+// overrides, and bytes that are not UTF-8, as Go escapes them (\x1b,
+// \u202e); it keeps newlines and tabs. A record's fields come from
+// whoever produced it, and printed raw they could clear the operator's
+// screen and forge what it shows.
+func safe(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		case r == '\n' || r == '\t':
+			b.WriteRune(r)
+		case unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // ago prints how long ago t was, as age does; "-" for the zero time.

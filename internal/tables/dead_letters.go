@@ -4,7 +4,37 @@ package tables
 // order.
 const DeadLetterColumns = `id, consumer, topic, kafka_partition, kafka_offset, record_key, value, header_keys, header_values,
     record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts,
-    first_failed_at, last_failed_at, status, resolved_at, reason, failure`
+    first_failed_at, last_failed_at, status, resolved_at, reason, failure, octet_length(value) AS value_size`
+
+// BriefBytes is how much of a record's key and value, and of its letter's
+// error, a brief listing reads: enough to recognise a record, and a bound
+// on a page's memory whatever the records hold.
+const BriefBytes = 256
+
+// DeadLetterBriefColumns are DeadLetterColumns as a brief listing reads
+// them: BriefBytes of the key, the value and the error, no headers and no
+// stack, and value_size, the value's whole length.
+const DeadLetterBriefColumns = `id, consumer, topic, kafka_partition, kafka_offset,
+    substring(record_key for 256) AS record_key, substring(value for 256) AS value,
+    NULL::text[] AS header_keys, NULL::bytea[] AS header_values,
+    record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, left(error, 256) AS error, NULL::text AS stack, attempts,
+    first_failed_at, last_failed_at, status, resolved_at, reason, failure, octet_length(value) AS value_size`
+
+// PeekBytes bounds what Peek reads of a record's key, value and stack and
+// of each of its first PeekHeaders headers: enough to read a record, and a
+// bound on one letter's page whatever the record holds.
+const (
+	PeekBytes   = 64 << 10
+	PeekHeaders = 100
+)
+
+// DeadLetterPeekColumns are DeadLetterColumns as Peek reads them.
+const DeadLetterPeekColumns = `id, consumer, topic, kafka_partition, kafka_offset,
+    substring(record_key for 65536) AS record_key, substring(value for 65536) AS value,
+    header_keys[1:100] AS header_keys,
+    ARRAY(SELECT substring(v for 65536) FROM unnest(header_values[1:100]) WITH ORDINALITY AS h (v, n) ORDER BY n) AS header_values,
+    record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, left(error, 16384) AS error, left(stack, 65536) AS stack, attempts,
+    first_failed_at, last_failed_at, status, resolved_at, reason, failure, octet_length(value) AS value_size`
 
 // deadLetterFilter is the WHERE of List, Match and Preview: consumer $1,
 // topic $2, status $3, aggregate type $4 and id $5, reason $6, failure $7,
@@ -29,12 +59,16 @@ type DeadLetters struct {
 	Put string
 	// Get reads letter $1.
 	Get string
+	// Peek reads letter $1 as DeadLetterPeekColumns bounds it.
+	Peek string
 	// GetForUpdate reads letter $1 and locks it: a second replay of the same
 	// letter waits there and then finds it resolved.
 	GetForUpdate string
 	// List reads up to $11 letters with ids above $10, lowest first,
 	// filtered as deadLetterFilter says.
 	List string
+	// ListBrief is List reading DeadLetterBriefColumns.
+	ListBrief string
 	// Match reads the id, aggregate and sequence of up to $10 letters
 	// filtered as deadLetterFilter says, in the order an operator acts on
 	// them: by aggregate, each aggregate's in sequence order, the
@@ -68,8 +102,12 @@ SET attempts = d.attempts + EXCLUDED.attempts, error = EXCLUDED.error, stack = E
 WHERE d.status = 'dead'
 RETURNING id`),
 		Get:          q(`SELECT ` + DeadLetterColumns + ` FROM {schema}.dead_letters WHERE id = $1`),
+		Peek:         q(`SELECT ` + DeadLetterPeekColumns + ` FROM {schema}.dead_letters WHERE id = $1`),
 		GetForUpdate: q(`SELECT ` + DeadLetterColumns + ` FROM {schema}.dead_letters WHERE id = $1 FOR UPDATE`),
 		List: q(`SELECT ` + DeadLetterColumns + ` FROM {schema}.dead_letters
+WHERE ` + deadLetterFilter + ` AND id > $10
+ORDER BY id LIMIT $11`),
+		ListBrief: q(`SELECT ` + DeadLetterBriefColumns + ` FROM {schema}.dead_letters
 WHERE ` + deadLetterFilter + ` AND id > $10
 ORDER BY id LIMIT $11`),
 		Match: q(`SELECT id, coalesce(aggregate_type, ''), coalesce(aggregate_id, ''), coalesce(aggregate_seq, 0) FROM {schema}.dead_letters
