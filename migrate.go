@@ -115,6 +115,9 @@ func Migrate(ctx context.Context, db DB, cfg *MigrateConfig) ([]int, error) {
 	if schema == "" {
 		schema = DefaultSchema
 	}
+	if err := tables.CheckSchema(schema); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.Default()

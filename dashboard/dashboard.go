@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/dedupe"
+	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/producer"
 )
@@ -36,8 +38,25 @@ type Config struct {
 	Authorize func(r *http.Request) (actor string, ok bool)
 	// AllowRemote lets clients connect from addresses other than loopback
 	// ones. Behind a reverse proxy every client looks like the proxy:
-	// protect the route there. Default false.
+	// protect the route there, and set Authorize. New warns when it is set
+	// without Authorize: every client that reaches it reads every payload.
+	// Default false.
 	AllowRemote bool
+	// Hosts are the names, besides loopback ones (localhost, *.localhost,
+	// 127.0.0.1, [::1]), that requests may carry in their Host header, such
+	// as "ops.example.com" or "ops.example.com:8443". A request for any
+	// other host is refused with 421, so that a web page the operator
+	// visits cannot rebind its own name to the dashboard's address and
+	// read it (DNS rebinding), and a same-host proxy that forwards a
+	// public name is noticed. "*" allows any host. Required with
+	// AllowRemote. Default none: loopback names only.
+	Hosts []string
+	// HealthEvery is how often the overview reads the consumers' health
+	// (consumer.ReadHealth and their gaps, which count over their
+	// tables); views in between show the last sample and its age, so a
+	// page reloaded by many people costs one read a period. Default 1m;
+	// negative reads on every view.
+	HealthEvery time.Duration
 	// CSRFKey signs the CSRF tokens. Give every replica behind one load
 	// balancer the same key (at least 32 random bytes). Default a random
 	// key per Dashboard, so tokens die with the process.
@@ -71,6 +90,8 @@ type Dashboard struct {
 	dead    *producer.DeadEvents
 	origin  *http.CrossOriginProtection
 	log     *slog.Logger
+	// sample holds the overview's consumer rows; see Config.HealthEvery.
+	sample consumerSample
 }
 
 // New returns the dashboard of cfg's schema (nil means the defaults) on
@@ -87,6 +108,20 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 	}
 	if c.Schema == "" {
 		c.Schema = outbox.DefaultSchema
+	}
+	if err := tables.CheckSchema(c.Schema); err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	if c.AllowRemote && len(c.Hosts) == 0 {
+		return nil, errors.New("dashboard: AllowRemote needs Config.Hosts, the names clients reach the dashboard by (the Host header), so that DNS rebinding cannot reach it; \"*\" allows any")
+	}
+	for _, h := range c.Hosts {
+		if h == "" || strings.ContainsAny(h, "/ ") {
+			return nil, fmt.Errorf("dashboard: Hosts entry %q is not a host name or host:port", h)
+		}
+	}
+	if c.HealthEvery == 0 {
+		c.HealthEvery = time.Minute
 	}
 	if c.Prefix != "" && (!strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/")) {
 		return nil, fmt.Errorf("dashboard: Prefix %q must start with a slash and not end with one, like \"/outbox\"", c.Prefix)
@@ -118,6 +153,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.AllowRemote && c.Authorize == nil {
+		c.Logger.Warn("dashboard: AllowRemote is set and Authorize is not: every client that reaches the dashboard reads every record's payload; put it behind an authenticating proxy, or serve loopback clients only",
+			slog.String("schema", c.Schema), slog.Any("hosts", c.Hosts))
+	}
 	ps, err := parsePages()
 	if err != nil {
 		return nil, err
@@ -136,7 +175,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 // routes maps the dashboard's paths, relative to Prefix, to their pages.
 func (d *Dashboard) routes() *http.ServeMux {
 	m := http.NewServeMux()
-	m.Handle("GET /static/", http.FileServerFS(staticFS))
+	static := http.FileServerFS(staticFS)
+	m.HandleFunc("GET /static/", func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r) // no listing of the files
+			return
+		}
+		static.ServeHTTP(w, r)
+	})
 	m.HandleFunc("GET /{$}", d.overview)
 	m.HandleFunc("GET /producer/dead", d.deadEvents)
 	m.HandleFunc("GET /producer/dead/{id}/confirm", d.confirmDeadEvent)
@@ -152,8 +198,19 @@ func (d *Dashboard) routes() *http.ServeMux {
 	return m
 }
 
-// ServeHTTP serves the dashboard's pages under Config.Prefix.
+// ServeHTTP serves the dashboard's pages under Config.Prefix. Every
+// response, refusals and static files included, carries headers that keep
+// it out of frames, scripts and other sites' referrers.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'none'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+	if !d.hostAllowed(r.Host) {
+		http.Error(w, "dashboard: host "+strconv.Quote(r.Host)+" is not served; add it to Config.Hosts", http.StatusMisdirectedRequest)
+		return
+	}
 	if !d.cfg.AllowRemote && !loopback(r.RemoteAddr) {
 		http.Error(w, "dashboard: only loopback clients are served; set Config.AllowRemote to serve others", http.StatusForbidden)
 		return
@@ -163,6 +220,26 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.mux.ServeHTTP(w, r)
+}
+
+// hostAllowed reports whether host, a request's Host header, names the
+// dashboard: a loopback name, or one of Config.Hosts.
+func (d *Dashboard) hostAllowed(host string) bool {
+	name, _, err := net.SplitHostPort(host)
+	if err != nil {
+		name = host
+	}
+	name = strings.TrimSuffix(strings.ToLower(strings.Trim(name, "[]")), ".")
+	for _, h := range d.cfg.Hosts {
+		if h == "*" || strings.EqualFold(h, host) || strings.EqualFold(h, name) {
+			return true
+		}
+	}
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(name)
+	return ip != nil && ip.IsLoopback()
 }
 
 // loopback reports whether addr, a RemoteAddr, is a loopback address.

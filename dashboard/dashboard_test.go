@@ -207,10 +207,19 @@ func TestRemoteClients(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	for _, allow := range []bool{false, true} {
-		d, err := dashboard.New(f.db.Pool, &dashboard.Config{Schema: f.db.Schema, AllowRemote: allow})
+		cfg := &dashboard.Config{Schema: f.db.Schema, AllowRemote: allow}
+		if allow {
+			cfg.Hosts = []string{"ops.example.com"}
+		}
+		d, err := dashboard.New(f.db.Pool, cfg)
 		require.NoError(t, err)
 		w := httptest.NewRecorder()
-		d.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil)) // from 192.0.2.1
+		r := httptest.NewRequest(http.MethodGet, "/", nil) // from 192.0.2.1
+		r.Host = "ops.example.com"
+		if !allow {
+			r.Host = "localhost:8080"
+		}
+		d.ServeHTTP(w, r)
 		if allow {
 			require.Equal(t, http.StatusOK, w.Code)
 		} else {
@@ -377,7 +386,7 @@ func TestDedupeHorizonWarnings(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	f.letters(t)
-	b := newBrowser(t, f.server(t, &dashboard.Config{KeyRetention: 24 * time.Hour}))
+	b := newBrowser(t, f.server(t, &dashboard.Config{KeyRetention: 24 * time.Hour, HealthEvery: -1}))
 	require.Regexp(t, `<td>ok</td>\s*</tr>`, b.page("/"), "nothing is older than a day yet")
 
 	_, err := f.db.Pool.Exec(ctx, `UPDATE `+f.db.Table("dead_letters")+` SET first_failed_at = now() - interval '3 days'`)

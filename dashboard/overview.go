@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/d419a114/outbox/consumer"
@@ -23,6 +24,19 @@ type overviewData struct {
 	// MoreConsumers counts the consumers left out past maxConsumers.
 	MoreConsumers int
 	KeyRetention  time.Duration
+	// SampledAt is when the consumers' rows were read; HealthEvery how
+	// often they are.
+	SampledAt   time.Time
+	HealthEvery time.Duration
+}
+
+// consumerSample is the consumers' rows of the overview as last read, for
+// Config.HealthEvery.
+type consumerSample struct {
+	mu   sync.Mutex
+	at   time.Time
+	rows []consumerSummary
+	more int
 }
 
 // consumerSummary is one consumer's row of the overview.
@@ -47,24 +61,41 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 	} else if data.Relays, err = producer.Instances(ctx, d.pool, d.cfg.Schema); err != nil {
 		data.ProducerErr = err.Error()
 	}
-	names, err := consumer.Consumers(ctx, d.pool, d.cfg.Schema)
-	if err != nil {
-		d.fail(w, r, http.StatusInternalServerError, err)
-		return
-	}
-	if len(names) > maxConsumers {
-		data.MoreConsumers = len(names) - maxConsumers
-		names = names[:maxConsumers]
-	}
-	for _, n := range names {
-		s, err := d.summarize(r, n)
-		if err != nil {
+	s := &d.sample
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.at.IsZero() || time.Since(s.at) >= d.cfg.HealthEvery {
+		if err := d.readConsumers(r); err != nil {
 			d.fail(w, r, http.StatusInternalServerError, err)
 			return
 		}
-		data.Consumers = append(data.Consumers, s)
 	}
+	data.Consumers, data.MoreConsumers, data.SampledAt, data.HealthEvery = s.rows, s.more, s.at, d.cfg.HealthEvery
 	d.render(w, r, "overview", "Overview", &data)
+}
+
+// readConsumers reads the consumers' rows into d.sample, under its mu:
+// one view reads them while the others wait for its result.
+func (d *Dashboard) readConsumers(r *http.Request) error {
+	names, err := consumer.Consumers(r.Context(), d.pool, d.cfg.Schema)
+	if err != nil {
+		return err
+	}
+	more := 0
+	if len(names) > maxConsumers {
+		more = len(names) - maxConsumers
+		names = names[:maxConsumers]
+	}
+	rows := make([]consumerSummary, 0, len(names))
+	for _, n := range names {
+		s, err := d.summarize(r, n)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, s)
+	}
+	d.sample.rows, d.sample.more, d.sample.at = rows, more, time.Now()
+	return nil
 }
 
 // summarize reads consumer name's row of the overview.

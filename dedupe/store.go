@@ -49,6 +49,9 @@ func New(consumer string, cfg *Config) (*Store, error) {
 	if schema == "" {
 		schema = outbox.DefaultSchema
 	}
+	if err := tables.CheckSchema(schema); err != nil {
+		return nil, fmt.Errorf("dedupe: %w", err)
+	}
 	retention := cfg.Retention
 	if retention == 0 {
 		retention = DefaultRetention

@@ -137,6 +137,9 @@ func New(consumer string, cfg *Config) (*Tracker, error) {
 	if c.Schema == "" {
 		c.Schema = outbox.DefaultSchema
 	}
+	if err := tables.CheckSchema(c.Schema); err != nil {
+		return nil, fmt.Errorf("ordering: %w", err)
+	}
 	if c.GapPolicy < GapPark || c.GapPolicy > GapIgnore {
 		return nil, fmt.Errorf("ordering: unknown gap policy %d", int(c.GapPolicy))
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/backoff"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // DeadPolicy says what happens to an aggregate's later events when one of
@@ -154,6 +155,9 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 	}
 	if c.Schema == "" {
 		c.Schema = outbox.DefaultSchema
+	}
+	if err := tables.CheckSchema(c.Schema); err != nil {
+		return nil, fmt.Errorf("producer: %w", err)
 	}
 	setDefault(&c.BatchSize, 1000)
 	setDefault(&c.PollInterval, time.Second)

@@ -59,6 +59,9 @@ type Writer struct {
 	// cdc and topic are WriterConfig.CDC and WriterConfig.Topic.
 	cdc   bool
 	topic string
+	// bad is why cfg cannot work (a schema name PostgreSQL would cut);
+	// Write returns it.
+	bad error
 	// The statements for one event and for several, each without and with
 	// the wake-up check (see wakeGate).
 	insertOne, insertOneWake, insertMany, insertManyWake string
@@ -81,7 +84,12 @@ func NewWriter(cfg *WriterConfig) *Writer {
 	build := func(sql, wakeColumn string) string {
 		return tables.Fill(sql, schema, "{wake}", wakeColumn)
 	}
+	var bad error
+	if err := tables.CheckSchema(schema); err != nil {
+		bad = fmt.Errorf("producer: %w", err)
+	}
 	return &Writer{
+		bad:            bad,
 		maxPayload:     maxPayload,
 		schema:         schema,
 		propagator:     cfg.Propagator,
@@ -190,6 +198,9 @@ RETURNING id, aggregate_seq{wake}`
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 	if tx == nil {
 		return nil, ErrNoTx
+	}
+	if w.bad != nil {
+		return nil, w.bad
 	}
 	if len(events) == 0 {
 		return nil, nil

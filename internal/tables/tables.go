@@ -1,6 +1,8 @@
 package tables
 
 import (
+	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 
@@ -30,6 +32,23 @@ func Fill(sql, schema string, more ...string) string {
 // Placeholder matches a placeholder Fill was not given, for the tests that
 // make sure none survives.
 var Placeholder = regexp.MustCompile(`\{[a-z_]+\}`)
+
+// MaxIdentifierBytes is the longest identifier PostgreSQL keeps: it cuts a
+// longer one to this length without an error, so that a long schema name
+// silently names another schema.
+const MaxIdentifierBytes = 63
+
+// CheckSchema refuses a schema name PostgreSQL would not keep as given:
+// empty, or longer than MaxIdentifierBytes.
+func CheckSchema(schema string) error {
+	switch {
+	case schema == "":
+		return errors.New("schema name is empty")
+	case len(schema) > MaxIdentifierBytes:
+		return fmt.Errorf("schema name %.20q… is %d bytes; PostgreSQL keeps %d and would cut it to name another schema: choose a shorter one", schema, len(schema), MaxIdentifierBytes)
+	}
+	return nil
+}
 
 // For returns the statements with schema written in, quoted.
 func For(schema string) *Consumer {
