@@ -124,6 +124,8 @@ type Relay struct {
 	health atomic.Pointer[RelayHealth]
 	// trace is cfg.Tracer under each interface it implements.
 	trace relayTracers
+	// failing is RelayHealth.FailingTopics; publish's goroutines write it.
+	failing failingTopics
 }
 
 // NewRelay validates cfg (nil means defaults) and returns a Relay that
