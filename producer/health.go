@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -193,6 +195,35 @@ func (f *failingTopics) observe(out []outcome, now time.Time) {
 			tf.Failures++
 		}
 	}
+}
+
+// waitingOn names, for the log line of a batch the broker has not answered
+// yet, the batch's topics and, for those whose last publish failed, that
+// failure: the cause the wait most likely has.
+func (r *Relay) waitingOn(batch []*claimedEvent) slog.Attr {
+	seen := map[string]bool{}
+	var topics, failures []string
+	for _, e := range batch {
+		t := r.topicFor(e)
+		if seen[t] {
+			continue
+		}
+		seen[t] = true
+		topics = append(topics, t)
+	}
+	slices.Sort(topics)
+	r.failing.mu.Lock()
+	for _, t := range topics {
+		if tf := r.failing.m[t]; tf != nil {
+			failures = append(failures, tf.Error)
+		}
+	}
+	r.failing.mu.Unlock()
+	attrs := []any{slog.String("topics", strings.Join(topics, ","))}
+	if len(failures) > 0 {
+		attrs = append(attrs, slog.String("last_failure", strings.Join(failures, "; ")))
+	}
+	return slog.Group("waiting_on", attrs...)
 }
 
 // list returns the failing topics in topic order.

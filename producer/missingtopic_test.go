@@ -43,8 +43,8 @@ func (b *lockedBuffer) lines(msg string) []string {
 
 // A relay whose events go to a topic that does not exist (and the broker
 // and client do not create topics) names the topic and the cause in every
-// publish failure it logs, not just the first, and in its health and the
-// schema's; once the topic is created the events go out and the failure
+// publish failure it logs, not just the first, in the line that says the
+// broker has not answered yet, and in its health and the schema's; once the topic is created the events go out and the failure
 // leaves the health.
 func TestRelayMissingTopic(t *testing.T) {
 	t.Parallel()
@@ -57,7 +57,7 @@ func TestRelayMissingTopic(t *testing.T) {
 
 	var logs lockedBuffer
 	relay, err := producer.NewRelay(b.db.Pool, b.broker.Client(t), &producer.RelayConfig{
-		Schema: b.db.Schema, PublishTimeout: 300 * time.Millisecond, Lease: time.Second,
+		Schema: b.db.Schema, PublishTimeout: 300 * time.Millisecond, Lease: 600 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	require.NoError(t, err)
@@ -74,6 +74,15 @@ func TestRelayMissingTopic(t *testing.T) {
 	for _, l := range logs.lines("relay: publish failed") {
 		require.Contains(t, l, "topic="+missing)
 		require.Contains(t, l, strings.ReplaceAll(cause, `"`, `\"`), "every failure names the cause")
+	}
+
+	// The lease is renewed every 200ms while a publish waits its 300ms,
+	// and the line that says so names what it waits on.
+	waitFor(t, 60*time.Second, "a wait logged with the known failure", func() bool {
+		return len(logs.lines(`last_failure="topic \"`+missing+`\" does not exist`)) > 0
+	})
+	for _, l := range logs.lines("relay: the broker has not answered") {
+		require.Contains(t, l, "waiting_on.topics="+missing)
 	}
 
 	failing := relay.Health().FailingTopics

@@ -438,7 +438,7 @@ func (r *Relay) awaitPublish(ctx context.Context, batch []*claimedEvent, publish
 			case renewed != nil:
 				lease = *renewed
 				r.log.WarnContext(ctx, "relay: the broker has not answered for a batch yet; renewed its lease",
-					slog.Int("events", len(batch)), slog.Time("leased_until", lease))
+					slog.Int("events", len(batch)), slog.Time("leased_until", lease), r.waitingOn(batch))
 			}
 		}
 	}
