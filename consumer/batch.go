@@ -148,6 +148,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) batchOutc
 		}
 		return offPath
 	}
+	p.noteDuplicates(ctx, msgs, res)
 	return batchOutcome{verdict: batchApplied, res: res}
 }
 

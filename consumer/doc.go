@@ -29,7 +29,29 @@
 // Records with no sequence header bypass ordering; dedupe still applies.
 // Records from other producers (Debezium's outbox event router, plain
 // clients) work: the key is taken from the idempotency-key header, then
-// the event id, then Debezium's id header, then Config.KeyFunc.
+// the event id, then Debezium's id header, then Config.KeyFunc. Such
+// records are the producer's contract, not the SDK's, and three of their
+// edges are worth knowing:
+//
+//   - Debezium's id header is only as unique as the outbox table's id
+//     column. When it is not unique per event (an aggregate's id, a
+//     per-tenant counter), every event after the first with that id is
+//     skipped as a duplicate, and nothing can tell it from a redelivery.
+//     The Processor logs a WARN naming the fallback the first time a
+//     topic's record is skipped on a key from id, and then at most every
+//     ten minutes per topic with the count in between; set the
+//     outbox-idempotency-key header or Config.KeyFunc to take the key
+//     from elsewhere.
+//   - A sequence header that cannot be read (not a number, below 1,
+//     empty) dead-letters the record without holding its aggregate: there
+//     is no position to hold it at. Its later records are applied without
+//     waiting for it, and discarding the letter releases nothing; the
+//     letter's error says so.
+//   - A tombstone (a null value and no headers: a compacted topic's
+//     delete marker) has no key and is dead-lettered with ErrTombstone.
+//     To apply tombstones, give them a key with Config.KeyFunc (the
+//     handler sees Value nil); to keep them out, turn them off at the
+//     source (Debezium's tombstones.on.delete=false).
 //
 // Two ways to run it:
 //

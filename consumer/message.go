@@ -58,7 +58,30 @@ type Message struct {
 	// Replayed is true when an operator replays the record from the
 	// dead-letter table.
 	Replayed bool
+
+	// keyFrom names where IdempotencyKey came from: a header's name, or
+	// keyFromFunc.
+	keyFrom string
 }
+
+// keyFromFunc is Message.keyFrom for a key that Config.KeyFunc returned.
+const keyFromFunc = "Config.KeyFunc"
+
+// ErrTombstone means a record is a tombstone: a null value and no headers,
+// the delete marker of a compacted topic (Debezium writes one after each
+// delete unless tombstones.on.delete is false), not an event. It has no
+// idempotency key, so it is dead-lettered like any record without one;
+// errors.Is(err, ErrNoKey) holds too. To apply tombstones, give them a key
+// with Config.KeyFunc: the handler then sees them with a nil Value. To
+// keep them out, drop them at the source (tombstones.on.delete=false) or
+// discard their dead letters.
+var ErrTombstone = fmt.Errorf("consumer: record is a tombstone (null value, no headers), a compacted topic's delete marker rather than an event: %w", ErrNoKey)
+
+// notHeldNote ends the error of a sequence header the consumer cannot
+// read: with no sequence there is no position to hold the aggregate at, so
+// the dead letter does not park the aggregate's later records, and
+// discarding it releases nothing.
+const notHeldNote = "; the aggregate is not held: its later records are applied without waiting for this one, and a Discard of this letter releases nothing"
 
 // HasSeq reports whether the record carries an aggregate sequence, and so
 // goes through ordering.
@@ -161,9 +184,9 @@ func parse(rec *kgo.Record, keyFunc func(*kgo.Record) (string, error), maxValue 
 		seq, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		switch {
 		case err != nil:
-			bad(outbox.HeaderAggregateSeq, []byte(v), "not a decimal integer of at most 19 digits")
+			bad(outbox.HeaderAggregateSeq, []byte(v), "not a decimal integer of at most 19 digits"+notHeldNote)
 		case seq < 1:
-			bad(outbox.HeaderAggregateSeq, []byte(v), "sequences start at 1")
+			bad(outbox.HeaderAggregateSeq, []byte(v), "sequences start at 1"+notHeldNote)
 		case keyNotText:
 			bad(outbox.HeaderAggregateSeq, []byte(v), "a sequenced record needs an aggregate id, and the record key is not UTF-8 text; set the "+outbox.HeaderAggregateID+" header")
 		case aggID == "":
@@ -172,7 +195,7 @@ func parse(rec *kgo.Record, keyFunc func(*kgo.Record) (string, error), maxValue 
 			m.Seq = seq
 		}
 	} else if present && len(errs) == 0 {
-		bad(outbox.HeaderAggregateSeq, nil, "empty; set it to the event's sequence, from 1, or drop it to bypass ordering")
+		bad(outbox.HeaderAggregateSeq, nil, "empty; set it to the event's sequence, from 1, or drop it to bypass ordering"+notHeldNote)
 	}
 	if v, _ := text(outbox.HeaderOccurredAt); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
@@ -187,6 +210,7 @@ func parse(rec *kgo.Record, keyFunc func(*kgo.Record) (string, error), maxValue 
 		v, present := text(name)
 		if v != "" {
 			m.IdempotencyKey = limited(name, v, outbox.MaxIdempotencyKeyBytes, "MaxIdempotencyKeyBytes")
+			m.keyFrom = name
 			break
 		}
 		if present {
@@ -203,13 +227,16 @@ func parse(rec *kgo.Record, keyFunc func(*kgo.Record) (string, error), maxValue 
 		case len(k) > outbox.MaxIdempotencyKeyBytes:
 			errs = append(errs, fmt.Errorf("consumer: key function returned a key of %d bytes, over the limit of %d (outbox.MaxIdempotencyKeyBytes); fix Config.KeyFunc", len(k), outbox.MaxIdempotencyKeyBytes))
 		default:
-			m.IdempotencyKey = k
+			m.IdempotencyKey, m.keyFrom = k, keyFromFunc
 		}
 	}
 	if m.IdempotencyKey == "" && len(errs) == 0 {
-		if len(empty) > 0 {
+		switch {
+		case rec.Value == nil && len(rec.Headers) == 0:
+			errs = append(errs, ErrTombstone)
+		case len(empty) > 0:
 			errs = append(errs, fmt.Errorf("consumer: record has no idempotency key: header %s is empty; set it to the event's key: %w", strings.Join(empty, " and "), ErrNoKey))
-		} else {
+		default:
 			errs = append(errs, ErrNoKey)
 		}
 	}

@@ -83,6 +83,8 @@ type Processor struct {
 	// BatchTracer.
 	tracer      Tracer
 	batchTracer BatchTracer
+	// fallbackKeys rate-limits noteDuplicate's warning.
+	fallbackKeys fallbackKeyWarner
 }
 
 // Handle returns a Processor that applies records for the consumer name
@@ -322,6 +324,7 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool
 	}
 	if pre != nil {
 		if !pre.fresh {
+			p.noteDuplicate(ctx, m)
 			return Result{Outcome: Duplicate}, false, nil
 		}
 		if pre.parked != nil {

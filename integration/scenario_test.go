@@ -90,7 +90,14 @@ type scenario struct {
 
 func newScenario(t *testing.T, rng *rand.Rand, b *kafkatest.Broker, partitions int32) *scenario {
 	t.Helper()
-	db := pgtest.New(t, nil)
+	return newScenarioOn(t, rng, b, partitions, nil)
+}
+
+// newScenarioOn is newScenario with its schema on srv; nil means the
+// shared server.
+func newScenarioOn(t *testing.T, rng *rand.Rand, b *kafkatest.Broker, partitions int32, srv *pgtest.Server) *scenario {
+	t.Helper()
+	db := pgtest.New(t, &pgtest.Opts{Server: srv})
 	return &scenario{
 		t:         t,
 		rng:       rng,

@@ -3,9 +3,15 @@ package producer
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox"
 )
@@ -28,6 +34,10 @@ type Health struct {
 	// Dead counts events that exhausted their attempts and wait for a
 	// replay or discard.
 	Dead int64
+	// OldestUndeliveredError is the last publish error of the oldest
+	// undelivered event (for a topic that does not exist: "topic ... does
+	// not exist"); "" when it has not failed yet, or there is none.
+	OldestUndeliveredError string
 
 	// Dispatch is who publishes the schema's events (SetDispatch). In
 	// DispatchCDC mode events are written as published, so Undelivered and
@@ -76,6 +86,15 @@ func ReadHealth(ctx context.Context, db outbox.DB, schema string) (Health, error
 		return Health{}, fmt.Errorf("producer: read health (did Migrate run?): %w", err)
 	}
 	h.OldestUndelivered = time.Duration(oldest * float64(time.Second))
+	if h.Undelivered > 0 {
+		// The health view's own look at the oldest row, through the
+		// undelivered rows' index: one row, whatever the backlog.
+		err := db.QueryRow(ctx, qualify(`SELECT coalesce(last_error, '') FROM {schema}.events WHERE published_at IS NULL ORDER BY id LIMIT 1`, schema)).
+			Scan(&h.OldestUndeliveredError)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return Health{}, fmt.Errorf("producer: read health: last error of the oldest undelivered event: %w", err)
+		}
+	}
 	h.Dispatch = Dispatch(mode)
 	if slot != nil {
 		h.CDCSlot = *slot
@@ -107,6 +126,12 @@ type RelayHealth struct {
 	// up yet (the database failed the query): nothing is claimed from them
 	// until they are.
 	Unchecked int
+	// FailingTopics lists the topics whose last publish by this instance
+	// failed, with the error, in topic order; empty when every topic's
+	// last publish went through. A topic leaves the list when a record of
+	// it is acknowledged. A topic that does not exist says so here
+	// ("topic ... does not exist").
+	FailingTopics []TopicFailure
 	// Held lists the aggregates the instance leaves out of its claims,
 	// earliest end first, because rows of theirs are still leased: to a
 	// relay that lost their bucket (died, or lost its session) and may still
@@ -130,14 +155,99 @@ type HeldAggregate struct {
 	OwnBatch bool
 }
 
+// TopicFailure is a topic whose publishes fail, in RelayHealth.
+type TopicFailure struct {
+	// Topic names the topic.
+	Topic string
+	// Error is the last publish error of one of its records.
+	Error string
+	// Since is when its publishes started to fail; Last when one last did.
+	Since, Last time.Time
+	// Failures counts the records that failed since Since.
+	Failures int
+}
+
+// failingTopics is the state behind RelayHealth.FailingTopics.
+type failingTopics struct {
+	mu sync.Mutex
+	m  map[string]*TopicFailure
+}
+
+// observe takes a published batch's outcomes at now.
+func (f *failingTopics) observe(out []outcome, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, o := range out {
+		switch {
+		case o.err == nil:
+			delete(f.m, o.topic)
+		case errors.Is(o.err, errHeldBack):
+		default:
+			if f.m == nil {
+				f.m = map[string]*TopicFailure{}
+			}
+			tf := f.m[o.topic]
+			if tf == nil {
+				tf = &TopicFailure{Topic: o.topic, Since: now}
+				f.m[o.topic] = tf
+			}
+			tf.Error, tf.Last = o.err.Error(), now
+			tf.Failures++
+		}
+	}
+}
+
+// waitingOn names, for the log line of a batch the broker has not answered
+// yet, the batch's topics and, for those whose last publish failed, that
+// failure: the cause the wait most likely has.
+func (r *Relay) waitingOn(batch []*claimedEvent) slog.Attr {
+	seen := map[string]bool{}
+	var topics, failures []string
+	for _, e := range batch {
+		t := r.topicFor(e)
+		if seen[t] {
+			continue
+		}
+		seen[t] = true
+		topics = append(topics, t)
+	}
+	slices.Sort(topics)
+	r.failing.mu.Lock()
+	for _, t := range topics {
+		if tf := r.failing.m[t]; tf != nil {
+			failures = append(failures, tf.Error)
+		}
+	}
+	r.failing.mu.Unlock()
+	attrs := []any{slog.String("topics", strings.Join(topics, ","))}
+	if len(failures) > 0 {
+		attrs = append(attrs, slog.String("last_failure", strings.Join(failures, "; ")))
+	}
+	return slog.Group("waiting_on", attrs...)
+}
+
+// list returns the failing topics in topic order.
+func (f *failingTopics) list() []TopicFailure {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []TopicFailure
+	for _, tf := range f.m {
+		out = append(out, *tf)
+	}
+	slices.SortFunc(out, func(a, b TopicFailure) int { return cmp.Compare(a.Topic, b.Topic) })
+	return out
+}
+
 // Health returns the relay's current RelayHealth. It is safe to call from
 // any goroutine, while Run runs or not; it does not block and does not
 // touch the database.
 func (r *Relay) Health() RelayHealth {
-	if h := r.health.Load(); h != nil {
-		return *h
+	h := RelayHealth{RelayID: r.cfg.RelayID}
+	if p := r.health.Load(); p != nil {
+		h = *p
 	}
-	return RelayHealth{RelayID: r.cfg.RelayID}
+	h.FailingTopics = r.failing.list()
+	return h
 }
 
 // publishHealth makes the owner's state what Relay.Health returns.

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/d419a114/outbox"
 )
@@ -97,7 +98,71 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent, recs []*kgo.
 	// waits for this batch anyway, so lingering only adds latency.
 	_ = r.client.Flush(ctx)
 	wg.Wait()
+	r.explainMissingTopics(context.WithoutCancel(ctx), out)
+	r.failing.observe(out, time.Now())
 	return out
+}
+
+// missingTopicError is a publish error of a topic that the broker says
+// does not exist. The client reports UNKNOWN_TOPIC_OR_PARTITION only for a
+// record's first tries; after that its records wait for the topic until
+// the publish times out, and the error says only "context deadline
+// exceeded". It stays retryable: creating the topic fixes it.
+type missingTopicError struct {
+	topic string
+	err   error
+}
+
+func (e *missingTopicError) Error() string {
+	return fmt.Sprintf("topic %q does not exist (UNKNOWN_TOPIC_OR_PARTITION); create it, or enable auto-creation (the broker's auto.create.topics.enable and the relay client's kgo.AllowAutoTopicCreation): %v", e.topic, e.err)
+}
+
+func (e *missingTopicError) Unwrap() error { return e.err }
+
+// explainMissingTopics asks the broker, once per topic, about the topics
+// of out whose records failed in a way a missing topic fails them, and
+// wraps the errors of the topics that do not exist in a
+// *missingTopicError. A broker that does not answer leaves out as it is.
+func (r *Relay) explainMissingTopics(ctx context.Context, out []outcome) {
+	missing := map[string]bool{}
+	for i := range out {
+		o := &out[i]
+		if o.err == nil || !mayBeMissingTopic(o.err) {
+			continue
+		}
+		gone, asked := missing[o.topic]
+		if !asked {
+			gone = r.topicMissing(ctx, o.topic)
+			missing[o.topic] = gone
+		}
+		if gone {
+			o.err = &missingTopicError{topic: o.topic, err: o.err}
+		}
+	}
+}
+
+// mayBeMissingTopic reports whether err is how the client fails a record
+// of a topic that does not exist.
+func mayBeMissingTopic(err error) bool {
+	return errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, kgo.ErrRecordTimeout) || errors.Is(err, kgo.ErrRecordRetries)
+}
+
+// topicMissing asks the broker for topic's metadata, without creating it,
+// and reports whether the broker says it does not exist.
+func (r *Relay) topicMissing(ctx context.Context, topic string) bool {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = false
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, r.client)
+	if err != nil || len(resp.Topics) != 1 {
+		return false
+	}
+	return resp.Topics[0].ErrorCode == kerr.UnknownTopicOrPartition.Code
 }
 
 func (r *Relay) topicFor(e *claimedEvent) string {
@@ -211,7 +276,7 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 			failed = append(failed, f)
 			if logFailures {
 				r.log.WarnContext(ctx, "relay: publish failed",
-					slog.Int64("event_id", e.id), slog.String("aggregate_type", e.aggregateType),
+					slog.String("topic", res.topic), slog.Int64("event_id", e.id), slog.String("aggregate_type", e.aggregateType),
 					slog.String("aggregate_id", e.aggregateID), slog.Int64("seq", e.seq),
 					slog.Bool("permanent", f.permanent), slog.Int("attempts", e.attempts+1),
 					slog.Duration("backoff", f.delay), slog.String("error", f.err))

@@ -125,6 +125,8 @@ type Relay struct {
 	health atomic.Pointer[RelayHealth]
 	// trace is cfg.Tracer under each interface it implements.
 	trace relayTracers
+	// failing is RelayHealth.FailingTopics; publish's goroutines write it.
+	failing failingTopics
 }
 
 // NewRelay validates cfg (nil means defaults) and returns a Relay that
@@ -440,7 +442,7 @@ func (r *Relay) awaitPublish(ctx context.Context, batch []*claimedEvent, publish
 			case renewed != nil:
 				lease = *renewed
 				r.log.WarnContext(ctx, "relay: the broker has not answered for a batch yet; renewed its lease",
-					slog.Int("events", len(batch)), slog.Time("leased_until", lease))
+					slog.Int("events", len(batch)), slog.Time("leased_until", lease), r.waitingOn(batch))
 			}
 		}
 	}

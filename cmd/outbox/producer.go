@@ -47,9 +47,12 @@ func health(ctx context.Context, e *env) error {
 	}
 	if e.format == "json" {
 		return writeJSON(e.out, map[string]any{"undelivered": h.Undelivered,
-			"oldest_undelivered_seconds": h.OldestUndelivered.Seconds(), "dead": h.Dead})
+			"oldest_undelivered_seconds": h.OldestUndelivered.Seconds(), "dead": h.Dead, "oldest_undelivered_error": h.OldestUndeliveredError})
 	}
 	fmt.Fprintf(e.out, "undelivered %d\noldest_undelivered %s\ndead %d\n", h.Undelivered, h.OldestUndelivered.Round(time.Millisecond), h.Dead)
+	if h.OldestUndeliveredError != "" {
+		fmt.Fprintf(e.out, "oldest_undelivered_error %s\n", h.OldestUndeliveredError)
+	}
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/eventually"
+	"github.com/d419a114/outbox/internal/pgserver"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
@@ -190,10 +191,11 @@ func TestConnectKilled(t *testing.T) {
 
 // TestPostgresRestart: the PostgreSQL server crashes (immediate shutdown)
 // and comes back while writers write; Debezium reconnects to its slot and
-// goes on from its confirmed position.
+// goes on from its confirmed position. The server is a cluster of the
+// test's own (pgtest.Own), whatever TEST_DATABASE_URL says.
 func TestPostgresRestart(t *testing.T) {
 	w := need(t)
-	p := newPipeline(newCDC(t, w, 4, nil))
+	p := newPipeline(newCDC(t, w, 4, &pgtest.Opts{Server: pgtest.Own(t, pgserver.Config{LogicalReplication: true})}))
 	stopConsumer := p.startConsumer()
 	defer stopConsumer()
 	writersDone := p.startWriters(load{Writers: 4, Aggregates: 40, MaxPerTx: 3, Rollback: 0.1, Limit: 3000, MaxPause: 20 * time.Millisecond})

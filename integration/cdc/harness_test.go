@@ -78,7 +78,7 @@ func need(t testing.TB) *world {
 		t.Fatal(err)
 	}
 	if level != "logical" {
-		t.Fatalf("the PostgreSQL server runs with wal_level=%s; CDC needs wal_level=logical (unset TEST_DATABASE_URL to get a throwaway cluster with it)", level)
+		t.Fatalf("the PostgreSQL server runs with wal_level=%s; CDC needs wal_level=logical, and pgtest.Shared should have started a throwaway cluster with it", level)
 	}
 	return w
 }

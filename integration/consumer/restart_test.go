@@ -14,14 +14,16 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/eventually"
+	"github.com/d419a114/outbox/internal/pgserver"
 	"github.com/d419a114/outbox/internal/pgtest"
 )
 
 // TestDatabaseRestart crashes PostgreSQL (immediate shutdown, no
 // checkpoint) while a consumer applies records, and starts it again. The
 // records in flight fail with the connection, are retried, and every
-// record ends up applied exactly once, in order, none dead-lettered. It is
-// not parallel: it restarts the server every test of this package shares.
+// record ends up applied exactly once, in order, none dead-lettered. Each
+// run crashes a cluster of its own (pgtest.Own), whatever
+// TEST_DATABASE_URL says.
 func TestDatabaseRestart(t *testing.T) {
 	for _, run := range runs([]int{1, 20}) {
 		batch, concurrency := run.batch, run.concurrency
@@ -30,7 +32,7 @@ func TestDatabaseRestart(t *testing.T) {
 			const total = aggregates * perAggregate
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			db := pgtest.New(t, &pgtest.Opts{MaxConns: 10})
+			db := pgtest.New(t, &pgtest.Opts{MaxConns: 10, Server: pgtest.Own(t, pgserver.Config{})})
 			b := broker(t)
 			topic := topic(t, b, 3)
 			_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("effects")+` (

@@ -32,6 +32,9 @@ type Opts struct {
 	PartitionEventsByDay bool
 	// MaxConns bounds the pool. Default 10.
 	MaxConns int32
+	// Server is the server to put the schema on. Default Shared(); a test
+	// that restarts the server passes one of its own (Own).
+	Server *Server
 }
 
 // New gives the test a migrated schema of its own and a pool to reach it,
@@ -55,9 +58,12 @@ func Open(opts *Opts) (*DB, func() error, error) {
 	if opts == nil {
 		opts = &Opts{}
 	}
-	srv, err := Shared()
-	if err != nil {
-		return nil, nil, err
+	srv := opts.Server
+	if srv == nil {
+		var err error
+		if srv, err = Shared(); err != nil {
+			return nil, nil, err
+		}
 	}
 	cfg, err := pgxpool.ParseConfig(srv.URL)
 	if err != nil {
