@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 )
 
@@ -21,9 +22,30 @@ type filter struct {
 // datetime-local first.
 var timeLayouts = []string{"2006-01-02T15:04", "2006-01-02T15:04:05", time.RFC3339, "2006-01-02"}
 
+// maxFieldBytes bounds one field of a filter or form: the longest value a
+// filter can match is an aggregate id or an idempotency key (1,024
+// bytes); a request stores its filter, so an unbounded one would be
+// stored whole.
+const maxFieldBytes = outbox.MaxAggregateIDBytes
+
+// checkFilterSize refuses a query or form with a field over maxFieldBytes.
+func checkFilterSize(q url.Values) error {
+	for k, vs := range q {
+		for _, v := range vs {
+			if len(v) > maxFieldBytes {
+				return fmt.Errorf("dashboard: %s is %d bytes; no field takes more than %d", k, len(v), maxFieldBytes)
+			}
+		}
+	}
+	return nil
+}
+
 // parseFilter reads a filter from q (a query or a form) for consumer.
 // Status defaults to dead; "all" filters none.
 func parseFilter(q url.Values, consumer string) (filter, deadletter.ListOpts, error) {
+	if err := checkFilterSize(q); err != nil {
+		return filter{}, deadletter.ListOpts{}, err
+	}
 	f := filter{Status: q.Get("status"), Topic: q.Get("topic"), AggregateType: q.Get("aggregate_type"), AggregateID: q.Get("aggregate_id"),
 		Reason: q.Get("reason"), Failure: q.Get("failure"), FailedAfter: q.Get("failed_after"), FailedBefore: q.Get("failed_before")}
 	if f.Status == "" {

@@ -10,12 +10,8 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/recordsql"
+	"github.com/d419a114/outbox/internal/tables"
 )
-
-// listGapsSQL bounds the Gaps statement ($1 the consumer) to $2 rows. The
-// order is repeated outside: a subquery's ORDER BY does not bind the
-// query around it.
-const listGapsSQL = `SELECT * FROM (%s) AS g ORDER BY since, aggregate_type, aggregate_id LIMIT $2`
 
 // listParkedSQL pages an aggregate's parked records along the parked
 // table's primary key (consumer, aggregate_type, aggregate_id, seq). It
@@ -29,34 +25,90 @@ WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND seq > $4
 ORDER BY seq
 LIMIT $5`
 
-// ListGaps is Gaps returning at most limit gaps (default 100), oldest
-// first, for a page that must stay small however many aggregates wait.
-func (t *Tracker) ListGaps(ctx context.Context, db outbox.DB, limit int) ([]OpenGap, error) {
-	if limit <= 0 {
-		limit = 100
+// GapOpts filters and pages ListGaps. Zero fields do not filter.
+type GapOpts struct {
+	AggregateType, AggregateID string
+	// ParkedBefore keeps the gaps whose lowest parked record was parked
+	// before it: the ones at least that old.
+	ParkedBefore time.Time
+	// After pages: the page starts after this aggregate, in (type, id)
+	// order; give GapPage.Next of the page before.
+	After *Aggregate
+	// Limit bounds how many aggregates a page walks. Default 100.
+	Limit int
+}
+
+// GapPage is a page of a consumer's gaps.
+type GapPage struct {
+	// Gaps are the open gaps of the page's aggregates, in aggregate order.
+	Gaps []OpenGap
+	// Next is where the next page starts; nil after the last page. With
+	// ParkedBefore set, a page may hold fewer gaps than Limit (even none)
+	// and still have a Next.
+	Next *Aggregate
+}
+
+// ListGaps returns a page of the consumer's gaps: the aggregates with
+// records parked behind a missing sequence (or behind an open dead letter
+// inside the gap), in (type, id) order, read along an index of those
+// aggregates, so that a page costs the same however many records are
+// parked. A gap's Since is when its lowest parked record was parked. An
+// aggregate held only by an open dead letter beyond its next sequence,
+// with nothing parked, is not a gap here: its letter is listed with the
+// dead letters (Gaps, unpaged, has both).
+func (t *Tracker) ListGaps(ctx context.Context, db outbox.DB, opts *GapOpts) (GapPage, error) {
+	o := GapOpts{}
+	if opts != nil {
+		o = *opts
 	}
-	rows, err := db.Query(ctx, fmt.Sprintf(listGapsSQL, t.parked.Gaps), t.consumer, limit)
+	if o.Limit <= 0 {
+		o.Limit = 100
+	}
+	var after Aggregate
+	if o.After != nil {
+		after = *o.After
+	}
+	var before *time.Time
+	if !o.ParkedBefore.IsZero() {
+		before = &o.ParkedBefore
+	}
+	rows, err := db.Query(ctx, t.parked.GapsPage, t.consumer, after.Type, after.ID, tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), before, o.Limit)
 	if err != nil {
-		return nil, fmt.Errorf("ordering: list gaps: %w", err)
+		return GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
 	}
-	gaps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OpenGap, error) {
+	var (
+		page GapPage
+		last Aggregate
+		n    int
+	)
+	for rows.Next() {
 		var (
-			g  OpenGap
-			dl []int64
+			g     OpenGap
+			dl    []int64
+			shown bool
 		)
-		if err := r.Scan(&g.Aggregate.Type, &g.Aggregate.ID, &g.Last, &g.Parked, &g.FirstParked, &g.Since, &dl); err != nil {
-			return OpenGap{}, err
+		if err := rows.Scan(&g.Aggregate.Type, &g.Aggregate.ID, &g.Last, &g.Parked, &g.FirstParked, &g.Since, &dl, &shown); err != nil {
+			rows.Close()
+			return GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
+		}
+		n++
+		last = g.Aggregate
+		if !shown {
+			continue
 		}
 		g.Expected = g.Last + 1
 		if len(dl) == 2 {
 			g.DeadLetterID, g.DeadLetterSeq = dl[0], dl[1]
 		}
-		return g, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ordering: list gaps: %w", err)
+		page.Gaps = append(page.Gaps, g)
 	}
-	return gaps, nil
+	if err := rows.Err(); err != nil {
+		return GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
+	}
+	if n == o.Limit {
+		page.Next = &last
+	}
+	return page, nil
 }
 
 // ListParked returns up to limit (default 100) of agg's parked records

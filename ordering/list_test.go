@@ -3,6 +3,7 @@ package ordering_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -35,17 +36,28 @@ func TestList(t *testing.T) {
 		}
 	}
 
-	t.Run("ListGapsStopsAtItsLimitAndAgreesWithGaps", func(t *testing.T) {
+	t.Run("ListGapsPagesAndAgreesWithGaps", func(t *testing.T) {
 		t.Parallel()
 		all, err := tr.Gaps(ctx, db.Pool)
 		require.NoError(t, err)
 		require.Len(t, all, 3)
-		two, err := tr.ListGaps(ctx, db.Pool, 2)
+		first, err := tr.ListGaps(ctx, db.Pool, &ordering.GapOpts{Limit: 2})
 		require.NoError(t, err)
-		require.Equal(t, all[:2], two)
-		three, err := tr.ListGaps(ctx, db.Pool, 0)
+		require.Equal(t, all[:2], first.Gaps)
+		require.Equal(t, &ordering.Aggregate{Type: "order", ID: "b"}, first.Next)
+		rest, err := tr.ListGaps(ctx, db.Pool, &ordering.GapOpts{Limit: 2, After: first.Next})
 		require.NoError(t, err)
-		require.Equal(t, all, three)
+		require.Equal(t, all[2:], rest.Gaps)
+		require.Nil(t, rest.Next, "the last page")
+		one, err := tr.ListGaps(ctx, db.Pool, &ordering.GapOpts{AggregateType: "order", AggregateID: "b"})
+		require.NoError(t, err)
+		require.Equal(t, all[1:2], one.Gaps)
+		none, err := tr.ListGaps(ctx, db.Pool, &ordering.GapOpts{AggregateID: "zzz"})
+		require.NoError(t, err)
+		require.Empty(t, none.Gaps)
+		old, err := tr.ListGaps(ctx, db.Pool, &ordering.GapOpts{ParkedBefore: all[0].Since.Add(-time.Hour)})
+		require.NoError(t, err)
+		require.Empty(t, old.Gaps, "none parked an hour before the first")
 	})
 
 	t.Run("ListParkedPagesInSequenceOrder", func(t *testing.T) {

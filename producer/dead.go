@@ -73,7 +73,7 @@ type DeadEvents struct {
 const deadEventsList = `
 SELECT id, event_id::text AS event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type,
        topic, content_type, {payload} AS payload, {headers} AS headers, created_at, attempts, {last_error} AS last_error, hold, status,
-       died_at, resolved_at, octet_length(payload) AS payload_size
+       died_at, resolved_at, coalesce(octet_length(payload), 0) AS payload_size
 FROM {schema}.dead_events
 WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR aggregate_type = $2) AND ($3::text IS NULL OR aggregate_id = $3)
   AND id > $4

@@ -26,36 +26,42 @@ type gapRow struct {
 	DeadLetterSeq int64     `json:"dead_letter_seq,omitempty"`
 }
 
-// gaps reads the open gaps of -consumer, or of every consumer.
-func gaps(ctx context.Context, e *env) ([]gapRow, error) {
+// gaps reads up to -limit open gaps of -consumer, or of every consumer,
+// filtered by -aggregate-type and -aggregate-id; more says whether there
+// were more.
+func gaps(ctx context.Context, e *env) (rows []gapRow, more bool, err error) {
 	names := []string{e.consumer}
 	if e.consumer == "" {
 		var err error
 		if names, err = consumer.Consumers(ctx, e.pool, e.schema); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
-	rows := []gapRow{}
+	rows = []gapRow{}
 	for _, n := range names {
+		if len(rows) >= e.limit {
+			return rows, true, nil
+		}
 		t, err := ordering.New(n, &ordering.Config{Schema: e.schema})
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		gs, err := t.Gaps(ctx, e.pool)
+		page, err := t.ListGaps(ctx, e.pool, &ordering.GapOpts{AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit - len(rows)})
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		for _, g := range gs {
+		more = page.Next != nil
+		for _, g := range page.Gaps {
 			rows = append(rows, gapRow{Consumer: n, AggregateType: g.Aggregate.Type, AggregateID: g.Aggregate.ID, Last: g.Last,
 				Expected: g.Expected, FirstParked: g.FirstParked, Parked: g.Parked, Since: g.Since,
 				DeadLetterID: g.DeadLetterID, DeadLetterSeq: g.DeadLetterSeq})
 		}
 	}
-	return rows, nil
+	return rows, more, nil
 }
 
 func gapsList(ctx context.Context, e *env) error {
-	rows, err := gaps(ctx, e)
+	rows, more, err := gaps(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -75,14 +81,20 @@ func gapsList(ctx context.Context, e *env) error {
 		}
 		cells = append(cells, []string{g.Consumer, g.AggregateType + "/" + g.AggregateID, missing, strconv.Itoa(g.Parked), ago(g.Since), letter})
 	}
-	return table(e.out, []string{"CONSUMER", "AGGREGATE", "MISSING", "PARKED", "AGE", "DEAD LETTER"}, cells, []int{14, 24, 0, 0, 0, 0})
+	if err := table(e.out, []string{"CONSUMER", "AGGREGATE", "MISSING", "PARKED", "AGE", "DEAD LETTER"}, cells, []int{14, 24, 0, 0, 0, 0}); err != nil {
+		return err
+	}
+	if more {
+		_, err = fmt.Fprintf(e.out, "more gaps than -limit %d: filter by -consumer or -aggregate-id, or raise -limit\n", e.limit)
+	}
+	return err
 }
 
 func gapResolve(ctx context.Context, e *env) error {
 	if e.consumer == "" || e.aggID == "" {
 		return usageError("gaps resolve needs -consumer, -aggregate-type and -aggregate-id")
 	}
-	rows, err := gaps(ctx, e)
+	rows, _, err := gaps(ctx, e)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,7 @@ package tables
 // order.
 const DeadLetterColumns = `id, consumer, topic, kafka_partition, kafka_offset, record_key, value, header_keys, header_values,
     record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, error, stack, attempts,
-    first_failed_at, last_failed_at, status, resolved_at, reason, failure, octet_length(value) AS value_size`
+    first_failed_at, last_failed_at, status, resolved_at, reason, failure, coalesce(octet_length(value), 0) AS value_size`
 
 // BriefBytes is how much of a record's key and value, and of its letter's
 // error, a brief listing reads: enough to recognise a record, and a bound
@@ -18,7 +18,7 @@ const DeadLetterBriefColumns = `id, consumer, topic, kafka_partition, kafka_offs
     substring(record_key for 256) AS record_key, substring(value for 256) AS value,
     NULL::text[] AS header_keys, NULL::bytea[] AS header_values,
     record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, left(error, 256) AS error, NULL::text AS stack, attempts,
-    first_failed_at, last_failed_at, status, resolved_at, reason, failure, octet_length(value) AS value_size`
+    first_failed_at, last_failed_at, status, resolved_at, reason, failure, coalesce(octet_length(value), 0) AS value_size`
 
 // PeekBytes bounds what Peek reads of a record's key, value and stack and
 // of each of its first PeekHeaders headers: enough to read a record, and a
@@ -34,7 +34,7 @@ const DeadLetterPeekColumns = `id, consumer, topic, kafka_partition, kafka_offse
     header_keys[1:100] AS header_keys,
     ARRAY(SELECT substring(v for 65536) FROM unnest(header_values[1:100]) WITH ORDINALITY AS h (v, n) ORDER BY n) AS header_values,
     record_time, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, left(error, 16384) AS error, left(stack, 65536) AS stack, attempts,
-    first_failed_at, last_failed_at, status, resolved_at, reason, failure, octet_length(value) AS value_size`
+    first_failed_at, last_failed_at, status, resolved_at, reason, failure, coalesce(octet_length(value), 0) AS value_size`
 
 // deadLetterFilter is the WHERE of List, Match and Preview: consumer $1,
 // topic $2, status $3, aggregate type $4 and id $5, reason $6, failure $7,

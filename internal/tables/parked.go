@@ -20,6 +20,16 @@ type Parked struct {
 	// lowest open dead letter lies beyond the next sequence (count and
 	// lowest parked 0, the letter's first failure as the time).
 	Gaps string
+	// GapsPage is a page of the aggregates of consumer $1 with records
+	// parked: after aggregate ($2, $3) in (type, id) order, of type $4
+	// and id $5 where those are not NULL, at most $7 of them, walked along
+	// the partial index positions_parked, so a page costs the same with
+	// 300,000 parked records as with 3. Each comes with its position, its
+	// parked count, its lowest parked sequence and when that record was
+	// parked (one primary-key read), the lowest open dead letter inside
+	// its gap, and shown: whether it was parked before $6 (NULL: any). A
+	// row not shown still moves the page on.
+	GapsPage string
 	// Ready lists up to $2 aggregates whose next parked record is in line,
 	// oldest first.
 	Ready string
@@ -61,6 +71,24 @@ SELECT * FROM next`),
      ORDER BY d.aggregate_type, d.aggregate_id, d.aggregate_seq)
 ) AS g
 ORDER BY since, aggregate_type, aggregate_id`),
+		GapsPage: q(`WITH held AS (
+    SELECT p.aggregate_type, p.aggregate_id, p.last_seq, p.parked
+    FROM {schema}.positions p
+    WHERE p.consumer = $1 AND p.parked > 0 AND (p.aggregate_type, p.aggregate_id) > ($2::text, $3::text)
+      AND ($4::text IS NULL OR p.aggregate_type = $4) AND ($5::text IS NULL OR p.aggregate_id = $5)
+    ORDER BY p.aggregate_type, p.aggregate_id
+    LIMIT $7
+)
+SELECT h.aggregate_type, h.aggregate_id, h.last_seq, h.parked, k.seq, k.parked_at,
+       (SELECT ARRAY[d.id, d.aggregate_seq] FROM {schema}.dead_letters d WHERE d.consumer = $1 AND d.aggregate_type = h.aggregate_type
+            AND d.aggregate_id = h.aggregate_id AND d.status = 'dead' AND d.aggregate_seq > h.last_seq AND d.aggregate_seq < k.seq
+        ORDER BY d.aggregate_seq LIMIT 1),
+       $6::timestamptz IS NULL OR k.parked_at < $6 AS shown
+FROM held h
+CROSS JOIN LATERAL (SELECT seq, parked_at FROM {schema}.parked
+                    WHERE consumer = $1 AND aggregate_type = h.aggregate_type AND aggregate_id = h.aggregate_id
+                    ORDER BY seq LIMIT 1) k
+ORDER BY h.aggregate_type, h.aggregate_id`),
 		Ready: q(`SELECT k.aggregate_type, k.aggregate_id FROM {schema}.parked k JOIN {schema}.positions p USING (consumer, aggregate_type, aggregate_id)
 WHERE k.consumer = $1 AND k.seq = p.last_seq + 1
 ORDER BY k.parked_at LIMIT $2`),
