@@ -261,7 +261,14 @@ func (d *Dashboard) submit(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
+	done, ok := d.submitOnce(w, r)
+	if !ok {
+		return
+	}
 	id, err := d.ops.Submit(operator.WithActor(r.Context(), actor), d.pool, req)
+	if err != nil {
+		done("")
+	}
 	if errors.Is(err, operator.ErrInvalid) {
 		d.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -272,5 +279,7 @@ func (d *Dashboard) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	d.log.InfoContext(r.Context(), "dashboard: operator request submitted", slog.Int64("request_id", id), slog.String("actor", actor),
 		slog.String("consumer", consumer), slog.String("action", string(req.Action)), slog.Int64("letter_id", req.LetterID))
-	http.Redirect(w, r, d.cfg.Prefix+"/requests/"+itoa(id), http.StatusSeeOther)
+	loc := d.cfg.Prefix + "/requests/" + itoa(id)
+	done(loc)
+	http.Redirect(w, r, loc, http.StatusSeeOther)
 }

@@ -92,6 +92,8 @@ type Dashboard struct {
 	log     *slog.Logger
 	// sample holds the overview's consumer rows; see Config.HealthEvery.
 	sample consumerSample
+	// submitted holds the forms posted lately; see submitOnce.
+	submitted submitted
 }
 
 // New returns the dashboard of cfg's schema (nil means the defaults) on

@@ -312,8 +312,11 @@ func TestPages(t *testing.T) {
 		require.NoError(t, f.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+f.db.Table("events")+` WHERE id = 7 AND published_at IS NULL`).Scan(&undelivered))
 		require.Equal(t, 1, undelivered)
 		require.Contains(t, b.page("/ops/audit"), "producer dead event 7")
-		status, _ = b.post("/ops/producer/dead/7", form, nil)
-		require.Equal(t, http.StatusConflict, status, "replayed already")
+		status, again := b.post("/ops/producer/dead/7", form, nil)
+		require.Equal(t, http.StatusSeeOther, status, "the same form posted twice acts once")
+		require.Equal(t, loc, again)
+		require.Equal(t, 1, strings.Count(b.page("/ops/audit"), "producer dead event 7"))
+		require.Contains(t, b.page("/ops/producer/dead/7/confirm?action=replay"), "replayed already: there is nothing to do")
 	})
 	t.Run("RequestsAndAudit", func(t *testing.T) {
 		b := b.with(t)

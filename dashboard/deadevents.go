@@ -152,6 +152,10 @@ func (d *Dashboard) actOnDeadEvent(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusBadRequest, fmt.Errorf("dashboard: action %q: want replay or discard", action))
 		return
 	}
+	done, ok := d.submitOnce(w, r)
+	if !ok {
+		return
+	}
 	ctx := r.Context()
 	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		if err := act(ctx, tx, id); err != nil {
@@ -160,6 +164,9 @@ func (d *Dashboard) actOnDeadEvent(w http.ResponseWriter, r *http.Request) {
 		return d.ops.Record(ctx, tx, &operator.Entry{Actor: actor, Action: action, Outcome: string(status),
 			Detail: fmt.Sprintf("producer dead event %d", id)})
 	})
+	if err != nil {
+		done("")
+	}
 	if errors.Is(err, producer.ErrNotDead) {
 		d.fail(w, r, http.StatusConflict, err)
 		return
@@ -169,5 +176,7 @@ func (d *Dashboard) actOnDeadEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.log.InfoContext(ctx, "dashboard: producer dead event "+string(status), slog.Int64("dead_event_id", id), slog.String("actor", actor))
-	http.Redirect(w, r, d.cfg.Prefix+"/producer/dead?status="+string(status), http.StatusSeeOther)
+	loc := d.cfg.Prefix + "/producer/dead?status=" + string(status)
+	done(loc)
+	http.Redirect(w, r, loc, http.StatusSeeOther)
 }

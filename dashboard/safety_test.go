@@ -2,10 +2,15 @@ package dashboard_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -159,4 +164,62 @@ func TestSafety(t *testing.T) {
 		require.NoError(t, err)
 		require.NotEqual(t, letters(first), letters(get(fresh, "localhost", local, "/").Body.String()))
 	})
+}
+
+// TestCSRFTokenBinding: a form's token is good for its browser, its actor
+// and an hour, and for one post.
+func TestCSRFTokenBinding(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.letters(t)
+	key := []byte(strings.Repeat("k", 32))
+	byHeader := func(r *http.Request) (string, bool) { return r.Header.Get("X-Actor"), r.Header.Get("X-Actor") != "" }
+	srv := f.server(t, &dashboard.Config{Authorize: byHeader, CSRFKey: key})
+	b := newBrowser(t, srv)
+	id := strconv.FormatInt(f.open(t, "o-1")[0].ID, 10)
+	confirm := "/consumers/billing/confirm?action=replay&letter=" + id
+	as := func(actor string) http.Header { return http.Header{"X-Actor": {actor}} }
+	formAs := func(actor string) url.Values {
+		req, err := http.NewRequest(http.MethodGet, srv.URL+confirm, nil)
+		require.NoError(t, err)
+		req.Header = as(actor)
+		resp, err := b.c.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		m := csrfRE.FindStringSubmatch(string(body))
+		require.NotNil(t, m, string(body))
+		return url.Values{"csrf": {m[1]}, "action": {"replay"}, "letter": {id}}
+	}
+
+	status, _ := b.post("/consumers/billing/requests", formAs("alice"), as("bob"))
+	require.Equal(t, http.StatusForbidden, status, "alice's form posted as bob")
+
+	stale := formAs("alice")
+	parts := strings.SplitN(stale.Get("csrf"), ".", 3)
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	var cookie string
+	for _, c := range b.c.Jar.Cookies(u) {
+		cookie = c.Value
+	}
+	issued := strconv.FormatInt(time.Now().Add(-2*time.Hour).Unix(), 10)
+	m := hmac.New(sha256.New, key)
+	for _, p := range []string{cookie, "alice", issued, parts[1]} {
+		m.Write([]byte(p))
+		m.Write([]byte{0})
+	}
+	stale.Set("csrf", issued+"."+parts[1]+"."+base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
+	status, _ = b.post("/consumers/billing/requests", stale, as("alice"))
+	require.Equal(t, http.StatusForbidden, status, "a token two hours old")
+	require.Zero(t, requestCount(t, f))
+
+	form := formAs("alice")
+	status, first := b.post("/consumers/billing/requests", form, as("alice"))
+	require.Equal(t, http.StatusSeeOther, status)
+	status, second := b.post("/consumers/billing/requests", form, as("alice"))
+	require.Equal(t, http.StatusSeeOther, status)
+	require.Equal(t, first, second, "the second post of one form shows the first's request")
+	require.Equal(t, 1, requestCount(t, f), "and submits nothing")
 }
