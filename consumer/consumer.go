@@ -205,6 +205,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.PruneInterval > 0 {
 		wg.Go(func() { c.pruneLoop(bg) })
 	}
+	wg.Go(func() { c.memberLoop(bg) })
 	if c.cfg.RequestPoll >= 0 {
 		wg.Go(func() { _ = c.proc.ServeRequests(bg) })
 	}
@@ -236,15 +237,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 // logStart says at INFO that the Consumer runs: its name, group, topics
 // and the settings that shape its throughput.
 func (c *Consumer) logStart(ctx context.Context) {
-	group, _ := c.client.OptValue(kgo.ConsumerGroup).(string)
-	if c.share {
-		group, _ = c.client.OptValue(kgo.ShareGroup).(string)
-	}
 	member, _ := c.client.GroupMetadata()
-	c.log.InfoContext(ctx, "consumer: started", slog.String("group", group), slog.String("member_id", member),
+	c.log.InfoContext(ctx, "consumer: started", slog.String("group", c.groupName()), slog.String("member_id", member),
 		slog.Bool("share_group", c.share), slog.Any("topics", c.client.GetConsumeTopics()),
 		slog.Int("concurrency", c.cfg.Concurrency), slog.Int("batch_size", c.cfg.BatchSize),
 		slog.String("schema", c.cfg.Schema))
+}
+
+// groupName is the client's consumer group, or its share group.
+func (c *Consumer) groupName() string {
+	if c.share {
+		g, _ := c.client.OptValue(kgo.ShareGroup).(string)
+		return g
+	}
+	g, _ := c.client.OptValue(kgo.ConsumerGroup).(string)
+	return g
 }
 
 // poll feeds the lanes until ctx ends (nil) or the client is closed

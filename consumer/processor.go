@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -85,6 +86,9 @@ type Processor struct {
 	batchTracer BatchTracer
 	// fallbackKeys rate-limits noteDuplicate's warning.
 	fallbackKeys fallbackKeyWarner
+	// applied counts the records applied through Process and
+	// ProcessBatch, drained ones included.
+	applied atomic.Int64
 }
 
 // Handle returns a Processor that applies records for the consumer name

@@ -102,3 +102,30 @@ func containsAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// TestMembers: a running Consumer beats in its database, with its
+// partitions and the records it applied, counts them per minute, and
+// removes its row when it stops.
+func TestMembers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newGroupBundle(t, 2)
+	b.produce(t, stream(4, 20)...)
+	r := b.start(t, b.effects, fastConfig(b.db, 1))
+	var live []consumer.Member
+	eventually.True(t, 30*time.Second, func() bool {
+		ms, err := consumer.Members(ctx, b.db.Pool, b.db.Schema, "svc")
+		require.NoError(t, err)
+		live = ms
+		return len(ms) == 1 && ms[0].Applied == 20 && ms[0].Partitions == 2
+	}, "one live member that applied 20 records on 2 partitions")
+	require.True(t, live[0].Live)
+	require.Equal(t, b.group, live[0].Group)
+	var applied int64
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(sum(n), 0) FROM `+b.db.Table("activity")+` WHERE kind = 'applied' AND name = 'svc'`).Scan(&applied))
+	require.EqualValues(t, 20, applied, "the minute's activity counts them")
+	r.stop(t)
+	ms, err := consumer.Members(ctx, b.db.Pool, b.db.Schema, "svc")
+	require.NoError(t, err)
+	require.Empty(t, ms, "a clean stop removes the row")
+}

@@ -38,12 +38,30 @@ type BatchTracer interface {
 // traced runs process for rec between the tracer's start and end.
 func (p *Processor) traced(ctx context.Context, rec *kgo.Record, process func(context.Context, *kgo.Record) (Result, error)) (Result, error) {
 	if p.tracer == nil {
-		return process(ctx, rec)
+		res, err := process(ctx, rec)
+		p.count(res)
+		return res, err
 	}
 	ctx = p.tracer.TraceRecordStart(ctx, rec)
 	res, err := process(ctx, rec)
+	p.count(res)
 	p.tracer.TraceRecordEnd(ctx, rec, res, err)
 	return res, err
+}
+
+// count adds the records res applied (its own and those it drained) to
+// the Processor's count, which the Consumer's heartbeat reports.
+func (p *Processor) count(res ...Result) {
+	n := 0
+	for _, r := range res {
+		if r.Outcome == Applied {
+			n++
+		}
+		n += r.Drained
+	}
+	if n > 0 {
+		p.applied.Add(int64(n))
+	}
 }
 
 // tracedBatch runs process for recs between the tracers' starts and ends:
@@ -51,7 +69,9 @@ func (p *Processor) traced(ctx context.Context, rec *kgo.Record, process func(co
 // with err: it is handed back not done.
 func (p *Processor) tracedBatch(ctx context.Context, recs []*kgo.Record, process func(context.Context, []*kgo.Record) ([]Result, error)) ([]Result, error) {
 	if p.tracer == nil {
-		return process(ctx, recs)
+		res, err := process(ctx, recs)
+		p.count(res...)
+		return res, err
 	}
 	if p.batchTracer != nil {
 		ctx = p.batchTracer.TraceBatchStart(ctx, recs)
@@ -61,6 +81,7 @@ func (p *Processor) tracedBatch(ctx context.Context, recs []*kgo.Record, process
 		rctx[i] = p.tracer.TraceRecordStart(ctx, r)
 	}
 	res, err := process(ctx, recs)
+	p.count(res...)
 	for i, r := range recs {
 		if i < len(res) {
 			p.tracer.TraceRecordEnd(rctx[i], r, res[i], nil)

@@ -293,6 +293,11 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 	b := &pgx.Batch{}
 	if len(delivered) > 0 {
 		b.Queue(r.sql.markDelivered, delivered)
+		b.Queue(r.sql.addActivity, "delivered", r.cfg.RelayID, time.Now(), len(delivered))
+		if r.activityPruned.Load() < time.Now().Add(-time.Hour).Unix() {
+			r.activityPruned.Store(time.Now().Unix())
+			b.Queue(r.sql.pruneActivity)
+		}
 	}
 	if len(released) > 0 {
 		b.Queue(r.sql.release, released, lease)

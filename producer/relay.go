@@ -127,6 +127,9 @@ type Relay struct {
 	trace relayTracers
 	// failing is RelayHealth.FailingTopics; publish's goroutines write it.
 	failing failingTopics
+	// activityPruned is when (unix seconds) a mark batch last pruned the
+	// activity table.
+	activityPruned atomic.Int64
 }
 
 // NewRelay validates cfg (nil means defaults) and returns a Relay that

@@ -1,9 +1,15 @@
 package producer
 
+import "github.com/d419a114/outbox/internal/tables"
+
 // relaySQL holds the relay's statements with the schema filled in.
 type relaySQL struct {
 	claim, heartbeat, leasedAggregates, setIdle, leave           string
 	markDelivered, release, recordFailures, moveDead, renewLease string
+	// addActivity and pruneActivity count the events delivered per
+	// minute, under the relay's own id so that relays never wait on one
+	// another's row (see tables.Members).
+	addActivity, pruneActivity string
 }
 
 func newRelaySQL(schema string) relaySQL {
@@ -18,6 +24,8 @@ func newRelaySQL(schema string) relaySQL {
 		recordFailures:   qualify(recordFailuresSQL, schema),
 		moveDead:         qualify(moveDeadSQL, schema),
 		renewLease:       qualify(renewLeaseSQL, schema),
+		addActivity:      tables.For(schema).Members.AddActivity,
+		pruneActivity:    tables.For(schema).Members.PruneActivity,
 	}
 }
 

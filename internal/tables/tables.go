@@ -19,6 +19,7 @@ type Consumer struct {
 	Parked      Parked
 	DeadLetters DeadLetters
 	HotPath     HotPath
+	Members     Members
 }
 
 // Fill is how every statement of the SDK gets its schema: it writes
@@ -59,6 +60,7 @@ func For(schema string) *Consumer {
 		Parked:      parked(q),
 		DeadLetters: deadLetters(q),
 		HotPath:     hotPath(q),
+		Members:     members(q),
 	}
 }
 
