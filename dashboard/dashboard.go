@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
@@ -73,6 +74,11 @@ type Config struct {
 	// processed keys older than it mean nobody prunes them. Default
 	// dedupe.DefaultRetention.
 	KeyRetention time.Duration
+	// Kafka, when set, is a client of the consumers' cluster: the overview
+	// then shows each consumer's lag per partition, read from the broker
+	// (with the consumers' health, every HealthEvery) for the group its
+	// members report. Default nil: no lag.
+	Kafka *kgo.Client
 	// Logger receives the actions taken and the errors pages met. Default
 	// slog.Default().
 	Logger *slog.Logger

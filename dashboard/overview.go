@@ -1,9 +1,13 @@
 package dashboard
 
 import (
+	"context"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/producer"
@@ -19,7 +23,15 @@ type overviewData struct {
 	Producer    producer.Health
 	ProducerErr string
 	Relays      []producer.Instance
-	Consumers   []consumerSummary
+	// NoRelay is set when events wait and no relay instance is live.
+	NoRelay bool
+	// Delivered is the relays' delivered events per minute.
+	Delivered chart
+	// Members are the consumers' members, live and lately gone.
+	Members []consumer.Member
+	// LagShown says the consumers' lag is read (Config.Kafka).
+	LagShown  bool
+	Consumers []consumerSummary
 	// MoreConsumers counts the consumers left out past maxConsumers.
 	MoreConsumers int
 	KeyRetention  time.Duration
@@ -49,16 +61,41 @@ type consumerSummary struct {
 	OldestKey                       time.Duration
 	// Warnings are the dedupe horizon warnings.
 	Warnings []string
+	// Applied is its records applied per minute.
+	Applied chart
+	// Lag is its group's lag from the broker (Config.Kafka); LagErr why
+	// it could not be read; Lags its partitions, most behind first.
+	Lag    int64
+	LagErr string
+	Lags   []partitionLag
+	// Live counts its live members (set on every view).
+	Live int
+}
+
+// partitionLag is one partition's lag.
+type partitionLag struct {
+	Topic     string
+	Partition int32
+	Lag       int64
 }
 
 func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	data := overviewData{KeyRetention: d.cfg.KeyRetention}
+	data := overviewData{KeyRetention: d.cfg.KeyRetention, LagShown: d.cfg.Kafka != nil}
 	var err error
 	if data.Producer, err = producer.ReadHealth(ctx, d.pool, d.cfg.Schema); err != nil {
-		data.ProducerErr = err.Error()
+		data.ProducerErr = d.logged(r, err)
 	} else if data.Relays, err = producer.Instances(ctx, d.pool, d.cfg.Schema); err != nil {
-		data.ProducerErr = err.Error()
+		data.ProducerErr = d.logged(r, err)
+	} else if data.Delivered, err = d.readChart(ctx, "delivered", ""); err != nil {
+		data.ProducerErr = d.logged(r, err)
+	}
+	if data.ProducerErr == "" && data.Producer.Undelivered > 0 && data.Producer.Dispatch != producer.DispatchCDC {
+		data.NoRelay = !slices.ContainsFunc(data.Relays, func(i producer.Instance) bool { return i.Live })
+	}
+	if data.Members, err = consumer.Members(ctx, d.pool, d.cfg.Schema, ""); err != nil {
+		d.fail(w, r, http.StatusInternalServerError, err)
+		return
 	}
 	s := &d.sample
 	s.mu.Lock()
@@ -69,7 +106,14 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	data.Consumers, data.MoreConsumers, data.SampledAt, data.HealthEvery = s.rows, s.more, s.at, d.cfg.HealthEvery
+	data.Consumers, data.MoreConsumers, data.SampledAt, data.HealthEvery = slices.Clone(s.rows), s.more, s.at, d.cfg.HealthEvery
+	for i := range data.Consumers {
+		for _, m := range data.Members {
+			if m.Live && m.Consumer == data.Consumers[i].Name {
+				data.Consumers[i].Live++
+			}
+		}
+	}
 	d.render(w, r, "overview", "Overview", &data)
 }
 
@@ -112,6 +156,12 @@ func (d *Dashboard) summarize(r *http.Request, name string) (consumerSummary, er
 	}
 	// Every aggregate with records parked has a gap in front of them.
 	s.Gaps = h.ParkedAggregates
+	if s.Applied, err = d.readChart(ctx, "applied", name); err != nil {
+		return consumerSummary{}, err
+	}
+	if d.cfg.Kafka != nil {
+		d.readLag(ctx, &s)
+	}
 	s.Warnings = horizonWarnings(s, d.cfg.KeyRetention)
 	return s, nil
 }
@@ -138,3 +188,36 @@ func horizonWarnings(s consumerSummary, keep time.Duration) []string {
 	}
 	return ws
 }
+
+// readLag reads s's group lag from the broker: the group its members
+// last reported. A lag that cannot be read is shown as why.
+func (d *Dashboard) readLag(ctx context.Context, s *consumerSummary) {
+	ms, err := consumer.Members(ctx, d.pool, d.cfg.Schema, s.Name)
+	if err != nil || len(ms) == 0 || ms[0].Group == "" {
+		s.LagErr = "no member has reported its group"
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lags, err := kadm.NewClient(d.cfg.Kafka).Lag(ctx, ms[0].Group)
+	if err == nil {
+		err = lags.Error()
+	}
+	if err != nil {
+		s.LagErr = "lag of group " + ms[0].Group + ": " + err.Error()
+		return
+	}
+	for _, g := range lags.Sorted() {
+		s.Lag += g.Lag.Total()
+		for _, p := range g.Lag.Sorted() {
+			s.Lags = append(s.Lags, partitionLag{Topic: p.Topic, Partition: p.Partition, Lag: p.Lag})
+		}
+	}
+	slices.SortFunc(s.Lags, func(a, b partitionLag) int { return int(min(max(b.Lag-a.Lag, -1), 1)) })
+	if len(s.Lags) > maxLagRows {
+		s.Lags = s.Lags[:maxLagRows]
+	}
+}
+
+// maxLagRows bounds the partitions the overview lists per consumer.
+const maxLagRows = 20

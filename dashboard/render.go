@@ -89,6 +89,14 @@ func (d *Dashboard) renderView(w http.ResponseWriter, r *http.Request, status in
 	}
 }
 
+// logged logs err, a database's error that a part of a page could not be
+// read for, under an id, and returns what the page shows in its place.
+func (d *Dashboard) logged(r *http.Request, err error) string {
+	id := errorID()
+	d.log.ErrorContext(r.Context(), "dashboard: part of a page failed", slog.String("error_id", id), slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+	return "could not be read; the service's log has the error under error_id=" + id
+}
+
 // fail shows err on the error page with status. A server error's text can
 // name the database's user, host and port, so the page shows only an id
 // and the log has the error under it; a client error's text is the
@@ -96,13 +104,18 @@ func (d *Dashboard) renderView(w http.ResponseWriter, r *http.Request, status in
 func (d *Dashboard) fail(w http.ResponseWriter, r *http.Request, status int, err error) {
 	msg := err.Error()
 	if status >= 500 {
-		b := make([]byte, 6)
-		_, _ = rand.Read(b) // crypto/rand.Read never fails
-		id := hex.EncodeToString(b)
+		id := errorID()
 		d.log.ErrorContext(r.Context(), "dashboard: page failed", slog.String("error_id", id), slog.String("path", r.URL.Path), slog.String("error", msg))
 		msg = "dashboard: the page failed; the service's log has the error under error_id=" + id
 	}
 	d.renderView(w, r, status, "error", &view{Title: http.StatusText(status), D: msg})
+}
+
+// errorID names one logged error for the page that shows it.
+func errorID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
 }
 
 // age prints a duration short: "3d", "2h5m0s", "4s"; "-" for none.
