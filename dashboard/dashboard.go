@@ -198,6 +198,7 @@ func (d *Dashboard) routes() *http.ServeMux {
 	m.HandleFunc("GET /consumers/{consumer}/letters", d.letterList)
 	m.HandleFunc("GET /consumers/{consumer}/letters/{id}", d.letter)
 	m.HandleFunc("GET /consumers/{consumer}/gaps", d.gaps)
+	m.HandleFunc("GET /consumers/{consumer}/search", d.search)
 	m.HandleFunc("GET /consumers/{consumer}/confirm", d.confirm)
 	m.HandleFunc("POST /consumers/{consumer}/requests", d.submit)
 	m.HandleFunc("GET /requests", d.requests)

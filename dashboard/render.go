@@ -25,7 +25,7 @@ var staticFS embed.FS
 // pages are the parsed templates, one set per page, each with the layout.
 type pages map[string]*template.Template
 
-var pageNames = []string{"overview", "deadevents", "letters", "letter", "gaps", "confirm", "requests", "request", "audit", "error"}
+var pageNames = []string{"overview", "deadevents", "letters", "letter", "gaps", "confirm", "requests", "request", "audit", "error", "search"}
 
 var funcs = template.FuncMap{
 	"age":   age,

@@ -52,6 +52,9 @@ type Letter struct {
 	// (the same reason, error type and handler frame, or the same error
 	// wording up to its numbers) share it. Failures groups them by it.
 	Failure string
+	// History is each delivery of the record that failed, oldest first,
+	// the newest 20 kept; a Brief listing reads none.
+	History []Delivery
 	// ValueSize is the size of the record's value as stored; a Brief
 	// listing reads only a prefix of it into Record.Value.
 	ValueSize int
@@ -62,6 +65,15 @@ type Letter struct {
 	Status        Status
 	// ResolvedAt is when it was replayed or discarded.
 	ResolvedAt *time.Time
+}
+
+// Delivery is one delivery of a record that failed: when its last try
+// failed, how many tries it had, and the first 1,024 characters of the
+// error.
+type Delivery struct {
+	At       time.Time `json:"at"`
+	Attempts int       `json:"attempts"`
+	Error    string    `json:"error"`
 }
 
 // Config tunes a Store. The zero value is valid.
@@ -155,6 +167,9 @@ type ListOpts struct {
 	AggregateID   string
 	Reason        string
 	Failure       string
+	// IdempotencyKey finds the letters of one key (with Consumer, along
+	// an index).
+	IdempotencyKey string
 	// FailedAfter and FailedBefore bound when a letter first failed: at or
 	// after FailedAfter, before FailedBefore.
 	FailedAfter, FailedBefore time.Time
@@ -170,11 +185,11 @@ type ListOpts struct {
 	Limit int
 }
 
-// args are the filter's statement arguments, $1 to $9.
+// args are the filter's statement arguments, $1 to $10.
 func (o *ListOpts) args() []any {
 	return []any{tables.Filter(o.Consumer), tables.Filter(o.Topic), tables.Filter(string(o.Status)),
 		tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), tables.Filter(o.Reason), tables.Filter(o.Failure),
-		nullTime(o.FailedAfter), nullTime(o.FailedBefore)}
+		nullTime(o.FailedAfter), nullTime(o.FailedBefore), tables.Filter(o.IdempotencyKey)}
 }
 
 func (o *ListOpts) limit(def int) int {
@@ -369,6 +384,7 @@ type row struct {
 	Reason         string     `db:"reason"`
 	Failure        string     `db:"failure"`
 	ValueSize      int        `db:"value_size"`
+	History        []Delivery `db:"history"`
 }
 
 func collect(rows pgx.Rows) ([]*Letter, error) {
@@ -384,7 +400,7 @@ func collect(rows pgx.Rows) ([]*Letter, error) {
 			IdempotencyKey: deref(d.IdempotencyKey), AggregateType: deref(d.AggregateType), AggregateID: deref(d.AggregateID),
 			Error: d.Error, Stack: deref(d.Stack), Reason: d.Reason, Failure: d.Failure, Attempts: d.Attempts,
 			FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt, Status: d.Status, ResolvedAt: d.ResolvedAt,
-			ValueSize: d.ValueSize,
+			ValueSize: d.ValueSize, History: d.History,
 		}
 		if d.RecordTime != nil {
 			l.Record.Timestamp = *d.RecordTime

@@ -3,6 +3,7 @@ package deadletter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -88,6 +89,32 @@ func TestStore(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 6, got.Attempts)
 		require.Equal(t, "boom again", got.Error)
+	})
+
+	t.Run("HistoryKeepsEachFailureNewestTwenty", func(t *testing.T) {
+		t.Parallel()
+		s, db := setup(t)
+		var id int64
+		for i := range 25 {
+			in := letter("svc", "orders", 7, "o-1")
+			in.Error, in.Attempts = fmt.Sprintf("boom %d", i), i+1
+			var err error
+			id, err = put(ctx, s, db.Pool, in)
+			require.NoError(t, err)
+		}
+		got, err := s.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		require.Len(t, got.History, 20)
+		require.Equal(t, "boom 5", got.History[0].Error, "the oldest five went")
+		require.Equal(t, "boom 24", got.History[19].Error)
+		require.Equal(t, 25, got.History[19].Attempts)
+		require.False(t, got.History[19].At.IsZero())
+		peek, err := s.Peek(ctx, db.Pool, id)
+		require.NoError(t, err)
+		require.Equal(t, got.History, peek.History)
+		brief, err := s.List(ctx, db.Pool, &deadletter.ListOpts{Brief: true})
+		require.NoError(t, err)
+		require.Empty(t, brief[0].History, "a brief listing reads no history")
 	})
 
 	t.Run("GetUnknownIsNotFound", func(t *testing.T) {

@@ -134,12 +134,13 @@ func failures(ctx context.Context, e *env) error {
 // value as text when it is UTF-8, and always as hex.
 type letterDetail struct {
 	letterRow
-	Key       string            `json:"key"`
-	Headers   map[string]string `json:"headers"`
-	ValueText *string           `json:"value_text,omitempty"`
-	ValueHex  string            `json:"value_hex"`
-	Stack     string            `json:"stack,omitempty"`
-	ResolveAt *time.Time        `json:"resolved_at,omitempty"`
+	Key       string                `json:"key"`
+	Headers   map[string]string     `json:"headers"`
+	ValueText *string               `json:"value_text,omitempty"`
+	ValueHex  string                `json:"value_hex"`
+	Stack     string                `json:"stack,omitempty"`
+	ResolveAt *time.Time            `json:"resolved_at,omitempty"`
+	History   []deadletter.Delivery `json:"history"`
 }
 
 // argLetter reads the letter the command's one argument names.
@@ -161,7 +162,7 @@ func letterShow(ctx context.Context, e *env) error {
 		return err
 	}
 	d := letterDetail{letterRow: rowOf(l), Key: string(l.Record.Key), Headers: map[string]string{}, ValueHex: hex.EncodeToString(l.Record.Value),
-		Stack: l.Stack, ResolveAt: l.ResolvedAt}
+		Stack: l.Stack, ResolveAt: l.ResolvedAt, History: l.History}
 	for _, h := range l.Record.Headers {
 		d.Headers[h.Key] = printable(h.Value)
 	}
@@ -179,6 +180,9 @@ func letterShow(ctx context.Context, e *env) error {
 	}
 	fmt.Fprintf(e.out, "reason     %s\nfailure    %s\nattempts   %d, first %s, last %s\nerror      %s\n", safe(l.Reason), safe(l.Failure), l.Attempts,
 		l.FirstFailedAt.UTC().Format(time.RFC3339), l.LastFailedAt.UTC().Format(time.RFC3339), safe(l.Error))
+	for _, f := range l.History {
+		fmt.Fprintf(e.out, "failed     %s after %d tries: %s\n", f.At.UTC().Format(time.RFC3339), f.Attempts, safe(f.Error))
+	}
 	for _, h := range l.Record.Headers {
 		fmt.Fprintf(e.out, "header     %s: %s\n", safe(h.Key), printable(h.Value))
 	}
