@@ -45,6 +45,9 @@ type confirmData struct {
 	Fields  []field
 	Post    string
 	Nothing bool
+	// Refused is why Config.Allow refused the actor this action; "" when
+	// it did not.
+	Refused string
 }
 
 type field struct{ Name, Value string }
@@ -74,6 +77,20 @@ func (d *Dashboard) confirm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data.Fields = append([]field{{"action", string(data.Action)}}, data.Fields...)
+	if actor, ok := d.actor(r); ok && !data.Nothing {
+		form := url.Values{}
+		for _, f := range data.Fields {
+			form.Set(f.Name, f.Value)
+		}
+		req, err := requestOf(consumer, form)
+		if err != nil {
+			d.fail(w, r, http.StatusBadRequest, err)
+			return
+		}
+		if err := d.allow(r, actor, requestAct(req)); err != nil {
+			data.Refused = err.Error()
+		}
+	}
 	d.render(w, r, "confirm", "Confirm: "+string(data.Action), &data)
 }
 
@@ -237,6 +254,25 @@ func (d *Dashboard) confirmGap(r *http.Request, data *confirmData, q url.Values)
 	return nil
 }
 
+// requestOf reads the operator request a confirmation's form asks of
+// consumer.
+func requestOf(consumer string, form url.Values) (*operator.Request, error) {
+	req := &operator.Request{Consumer: consumer, Action: operator.Action(form.Get("action")), All: form.Get("all") == "1"}
+	var err error
+	if req.LetterID, err = int64Param(form, "letter"); err != nil {
+		return nil, err
+	}
+	if rate := form.Get("rate"); rate != "" {
+		if req.Rate, err = strconv.ParseFloat(rate, 64); err != nil {
+			return nil, fmt.Errorf("dashboard: rate %q is not a number of letters per second", rate)
+		}
+	}
+	if _, req.Letters, err = parseFilter(form, consumer); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
 // submit turns a confirmation's form into an operator request and shows
 // the request's page.
 func (d *Dashboard) submit(w http.ResponseWriter, r *http.Request) {
@@ -245,20 +281,13 @@ func (d *Dashboard) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	consumer := r.PathValue("consumer")
-	req := &operator.Request{Consumer: consumer, Action: operator.Action(r.PostFormValue("action")), All: r.PostFormValue("all") == "1"}
-	var err error
-	if req.LetterID, err = int64Param(r.PostForm, "letter"); err != nil {
+	req, err := requestOf(consumer, r.PostForm)
+	if err != nil {
 		d.fail(w, r, http.StatusBadRequest, err)
 		return
 	}
-	if rate := r.PostFormValue("rate"); rate != "" {
-		if req.Rate, err = strconv.ParseFloat(rate, 64); err != nil {
-			d.fail(w, r, http.StatusBadRequest, fmt.Errorf("dashboard: rate %q is not a number of letters per second", rate))
-			return
-		}
-	}
-	if _, req.Letters, err = parseFilter(r.PostForm, consumer); err != nil {
-		d.fail(w, r, http.StatusBadRequest, err)
+	if err := d.allow(r, actor, requestAct(req)); err != nil {
+		d.fail(w, r, http.StatusForbidden, fmt.Errorf("dashboard: %s may not %s here: %w", actor, req.Action, err))
 		return
 	}
 	done, ok := d.submitOnce(w, r)

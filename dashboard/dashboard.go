@@ -37,6 +37,14 @@ type Config struct {
 	// on every POST. Default nil: read-only, every POST is refused with
 	// 403.
 	Authorize func(r *http.Request) (actor string, ok bool)
+	// Allow, when set, decides per action whether the actor Authorize
+	// named may carry it out: a replay of one letter, a bulk discard of
+	// a filter, a resolve-gap, a producer dead event's replay (see Act).
+	// It is asked when the confirmation is shown (a refused action is not
+	// offered, and the page says why) and again on the POST, which it
+	// refuses with 403 and its error. Default nil: whoever Authorize
+	// allows may do everything.
+	Allow func(r *http.Request, actor string, act Act) error
 	// AllowRemote lets clients connect from addresses other than loopback
 	// ones. Behind a reverse proxy every client looks like the proxy:
 	// protect the route there, and set Authorize. New warns when it is set

@@ -127,6 +127,11 @@ func (d *Dashboard) confirmDeadEvent(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusBadRequest, fmt.Errorf("dashboard: action %q: want replay or discard", action))
 		return
 	}
+	if actor, ok := d.actor(r); ok && !data.Nothing {
+		if err := d.allow(r, actor, deadEventAct(action, e.ID)); err != nil {
+			data.Refused = err.Error()
+		}
+	}
 	d.render(w, r, "confirm", "Confirm: "+string(action)+" dead event "+itoa(e.ID), &data)
 }
 
@@ -150,6 +155,10 @@ func (d *Dashboard) actOnDeadEvent(w http.ResponseWriter, r *http.Request) {
 		act, status = d.dead.Discard, producer.StatusDiscarded
 	default:
 		d.fail(w, r, http.StatusBadRequest, fmt.Errorf("dashboard: action %q: want replay or discard", action))
+		return
+	}
+	if err := d.allow(r, actor, deadEventAct(action, id)); err != nil {
+		d.fail(w, r, http.StatusForbidden, fmt.Errorf("dashboard: %s may not %s dead event %d: %w", actor, action, id, err))
 		return
 	}
 	done, ok := d.submitOnce(w, r)

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/dashboard"
+	"github.com/d419a114/outbox/operator"
 )
 
 // get serves one GET of path from remote with host as its Host header.
@@ -222,4 +224,51 @@ func TestCSRFTokenBinding(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, status)
 	require.Equal(t, first, second, "the second post of one form shows the first's request")
 	require.Equal(t, 1, requestCount(t, f), "and submits nothing")
+}
+
+// TestAllowPerAction: Config.Allow sees each action and its scope; what it
+// refuses is not offered and not carried out.
+func TestAllowPerAction(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.letters(t)
+	f.backlog(t)
+	var seen []dashboard.Act
+	var mu sync.Mutex
+	allow := func(_ *http.Request, actor string, a dashboard.Act) error {
+		mu.Lock()
+		seen = append(seen, a)
+		mu.Unlock()
+		if a.Action == operator.Discard || a.All || a.Action == operator.DiscardEvent {
+			return fmt.Errorf("%s may only replay single letters", actor)
+		}
+		return nil
+	}
+	b := newBrowser(t, f.server(t, &dashboard.Config{Authorize: alice, Allow: allow}))
+	id := strconv.FormatInt(f.open(t, "o-1")[0].ID, 10)
+
+	page := b.page("/consumers/billing/confirm?action=discard&letter=" + id)
+	require.Contains(t, page, `id="refused"`)
+	require.Contains(t, page, "alice may only replay single letters")
+	require.NotContains(t, page, `method="post"`)
+	page = b.page("/consumers/billing/confirm?action=replay")
+	require.Contains(t, page, `id="refused"`, "a bulk replay of every letter")
+	require.Contains(t, b.page("/producer/dead/7/confirm?action=discard"), `id="refused"`)
+
+	form := b.form("/consumers/billing/confirm?action=replay&letter=" + id)
+	form.Set("action", "discard")
+	status, _ := b.post("/consumers/billing/requests", form, nil)
+	require.Equal(t, http.StatusForbidden, status, "a form edited to discard is refused on the POST")
+	require.Zero(t, requestCount(t, f))
+
+	form = b.form("/consumers/billing/confirm?action=replay&letter=" + id)
+	status, _ = b.post("/consumers/billing/requests", form, nil)
+	require.Equal(t, http.StatusSeeOther, status)
+	require.Equal(t, 1, requestCount(t, f))
+	mu.Lock()
+	defer mu.Unlock()
+	last := seen[len(seen)-1]
+	require.Equal(t, operator.Replay, last.Action)
+	require.Equal(t, "billing", last.Consumer)
+	require.Equal(t, id, strconv.FormatInt(last.LetterID, 10))
 }
