@@ -99,12 +99,12 @@ type HealthCollector struct {
 	mu   sync.Mutex
 	last *healthSample
 
-	up, undelivered, undeliveredAge, dead                    *prometheus.Desc
-	cdcSlotActive, cdcRetainedWAL                            *prometheus.Desc
-	letters, letterAge                                       *prometheus.Desc
-	parkedAggregates, parkedRecords, parkedAge, keys, keyAge *prometheus.Desc
-	groupLag                                                 *prometheus.Desc
-	keyRetention, topicRetention                             *prometheus.Desc
+	up, undelivered, undeliveredAge, dead, relaysLive, membersLive *prometheus.Desc
+	cdcSlotActive, cdcRetainedWAL                                  *prometheus.Desc
+	letters, letterAge                                             *prometheus.Desc
+	parkedAggregates, parkedRecords, parkedAge, keys, keyAge       *prometheus.Desc
+	groupLag                                                       *prometheus.Desc
+	keyRetention, topicRetention                                   *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*HealthCollector)(nil)
@@ -167,6 +167,8 @@ func NewHealthCollector(db consumer.DB, cfg *HealthConfig) (*HealthCollector, er
 		undelivered:    desc(EventsUndelivered, "Events the broker has not acknowledged."),
 		undeliveredAge: desc(EventsUndeliveredOldestAge, "Age of the oldest undelivered event; 0 when there is none."),
 		dead:           desc(EventsDead, "Events that exhausted their attempts and wait for a replay or discard."),
+		relaysLive:     desc(RelaysLive, "Relay instances of the schema that are alive."),
+		membersLive:    desc(ConsumerMembersLive, "Processes running a Consumer of the consumer, by their recent beats.", LabelConsumer),
 		cdcSlotActive:  desc(CDCSlotActive, "In CDC mode: 1 while a connector reads the replication slot, 0 when none does or the slot is gone."),
 		cdcRetainedWAL: desc(CDCRetainedWAL, "In CDC mode: bytes of WAL the replication slot keeps from removal."),
 		letters: desc(ConsumerDeadLetters, "Open dead letters, by consumer, topic and reason.",
@@ -200,7 +202,7 @@ func distinct(field string, names []string) error {
 
 // Describe sends the descriptors of every metric the collector can report.
 func (h *HealthCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{h.up, h.undelivered, h.undeliveredAge, h.dead, h.cdcSlotActive, h.cdcRetainedWAL, h.letters, h.letterAge,
+	for _, d := range []*prometheus.Desc{h.up, h.undelivered, h.undeliveredAge, h.dead, h.relaysLive, h.membersLive, h.cdcSlotActive, h.cdcRetainedWAL, h.letters, h.letterAge,
 		h.parkedAggregates, h.parkedRecords, h.parkedAge, h.keys, h.keyAge, h.groupLag, h.keyRetention, h.topicRetention} {
 		ch <- d
 	}
@@ -225,6 +227,7 @@ func (h *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(h.undelivered, float64(p.v.Undelivered))
 		emit(h.undeliveredAge, p.v.OldestUndelivered.Seconds())
 		emit(h.dead, float64(p.v.Dead))
+		emit(h.relaysLive, float64(p.v.relaysLive))
 		if p.v.Dispatch == producer.DispatchCDC {
 			emit(h.cdcSlotActive, boolValue(p.v.CDCSlotExists && p.v.CDCSlotActive))
 			emit(h.cdcRetainedWAL, float64(p.v.CDCRetainedWALBytes))
@@ -251,6 +254,7 @@ func (h *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 		emit(h.parkedAge, c.v.OldestGap.Seconds(), c.name)
 		emit(h.keys, float64(c.v.ProcessedKeys), c.name)
 		emit(h.keyAge, c.v.OldestKey.Seconds(), c.name)
+		emit(h.membersLive, float64(c.v.membersLive), c.name)
 	}
 	for _, g := range s.groups {
 		if !up(g.ok, sourceGroupLag, g.name) {
@@ -267,12 +271,24 @@ type healthSample struct {
 	// at is when the sample ended.
 	at time.Time
 	// producer is nil when SkipProducer is set.
-	producer  *reading[producer.Health]
-	consumers []reading[consumer.Health]
+	producer  *reading[producerState]
+	consumers []reading[consumerState]
 	// groups hold the partitions whose lag is known.
 	groups []reading[[]kadm.GroupMemberLag]
 	// topics holds the retention of Topics in seconds; nil without Topics.
 	topics *reading[map[string]float64]
+}
+
+// producerState is the producer side's health and its live relays.
+type producerState struct {
+	producer.Health
+	relaysLive int
+}
+
+// consumerState is a consumer's health and its live members.
+type consumerState struct {
+	consumer.Health
+	membersLive int
 }
 
 // reading is one source's part of a sample: v when ok, nothing when its
@@ -302,19 +318,39 @@ func (h *HealthCollector) sample() *healthSample {
 func (h *HealthCollector) read() *healthSample {
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Timeout)
 	defer cancel()
-	s := &healthSample{consumers: make([]reading[consumer.Health], len(h.cfg.Consumers))}
+	s := &healthSample{consumers: make([]reading[consumerState], len(h.cfg.Consumers))}
 	var wg sync.WaitGroup
 	if !h.cfg.SkipProducer {
-		s.producer = &reading[producer.Health]{}
+		s.producer = &reading[producerState]{}
 		wg.Go(func() {
-			v, err := producer.ReadHealth(ctx, h.db, h.cfg.Schema)
-			*s.producer = reading[producer.Health]{v: v, ok: h.ok(ctx, err, sourceProducer, "")}
+			var v producerState
+			var err error
+			if v.Health, err = producer.ReadHealth(ctx, h.db, h.cfg.Schema); err == nil {
+				var relays []producer.Instance
+				relays, err = producer.Instances(ctx, h.db, h.cfg.Schema)
+				for _, r := range relays {
+					if r.Live {
+						v.relaysLive++
+					}
+				}
+			}
+			*s.producer = reading[producerState]{v: v, ok: h.ok(ctx, err, sourceProducer, "")}
 		})
 	}
 	for i, name := range h.cfg.Consumers {
 		wg.Go(func() {
-			v, err := consumer.ReadHealth(ctx, h.db, h.cfg.Schema, name)
-			s.consumers[i] = reading[consumer.Health]{name: name, v: v, ok: h.ok(ctx, err, sourceConsumer, name)}
+			var v consumerState
+			var err error
+			if v.Health, err = consumer.ReadHealth(ctx, h.db, h.cfg.Schema, name); err == nil {
+				var ms []consumer.Member
+				ms, err = consumer.Members(ctx, h.db, h.cfg.Schema, name)
+				for _, m := range ms {
+					if m.Live {
+						v.membersLive++
+					}
+				}
+			}
+			s.consumers[i] = reading[consumerState]{name: name, v: v, ok: h.ok(ctx, err, sourceConsumer, name)}
 		})
 	}
 	if len(h.cfg.Groups) > 0 {

@@ -46,6 +46,7 @@ func TestHealthCollector(t *testing.T) {
 		reg := collector(t, db.Pool, outboxprom.HealthConfig{Schema: db.Schema, Interval: 20 * time.Millisecond})
 		require.Zero(t, value(t, reg, outboxprom.EventsUndelivered))
 		require.Equal(t, 1.0, value(t, reg, outboxprom.HealthUp, "source", "producer"))
+		require.Zero(t, value(t, reg, outboxprom.RelaysLive), "no relay runs yet")
 
 		write(t, db, events(topic, 5)...)
 		eventually.True(t, 10*time.Second, func() bool {
@@ -57,6 +58,7 @@ func TestHealthCollector(t *testing.T) {
 			return value(t, reg, outboxprom.EventsUndelivered) == 0 && value(t, reg, outboxprom.EventsUndeliveredOldestAge) == 0
 		}, "the backlog drained")
 		require.Zero(t, value(t, reg, outboxprom.EventsDead))
+		require.Equal(t, 1.0, value(t, reg, outboxprom.RelaysLive), "the relay that drained it")
 	})
 
 	// A schema in CDC mode reports its slot: inactive (and gone) here,
@@ -98,6 +100,7 @@ func TestHealthCollector(t *testing.T) {
 		require.Positive(t, value(t, reg, outboxprom.ConsumerParkedOldestAge, "consumer", "svc"))
 		require.Equal(t, 3.0, value(t, reg, outboxprom.ConsumerProcessedKeys, "consumer", "svc"), "a1, a2 and the parked p2")
 		require.Positive(t, value(t, reg, outboxprom.ConsumerProcessedKeyOldestAge, "consumer", "svc"))
+		require.Zero(t, value(t, reg, outboxprom.ConsumerMembersLive, "consumer", "svc"), "a Processor of one's own loop is no member")
 
 		require.Empty(t, series(t, reg, outboxprom.ConsumerDeadLetters, "consumer", "idle"))
 		require.Zero(t, value(t, reg, outboxprom.ConsumerParkedRecords, "consumer", "idle"))

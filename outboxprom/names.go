@@ -55,6 +55,12 @@ const (
 	// EventsDead is how many events exhausted their attempts and wait for a
 	// replay or discard.
 	EventsDead = "outbox_events_dead"
+	// RelaysLive is how many relay instances of the schema are alive (their
+	// lock session exists and their heartbeat is recent).
+	RelaysLive = "outbox_relays_live"
+	// ConsumerMembersLive is how many processes run a Consumer of the
+	// consumer (consumer.Members with a recent beat), labelled consumer.
+	ConsumerMembersLive = "outbox_consumer_members_live"
 	// CDCSlotActive is 1 while a connector reads the replication slot of a
 	// schema dispatched by change data capture (producer.SetDispatch), 0
 	// when none does or the slot is gone. Reported only in CDC mode.
