@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/d419a114/outbox/internal/tables"
 )
@@ -223,6 +225,40 @@ func checkBaseline(quoted string, applied map[int]string) error {
 			return fmt.Errorf("migrate: schema %s stopped at version %d of the migration files that %s replaced; finish it to version %d with the build that started it (any build before the baseline), then run this one",
 				quoted, v-1, baselineName, baselineCovers)
 		}
+	}
+	return nil
+}
+
+// ErrNotMigrated is wrapped by CheckMigrated's error when the schema lacks
+// the SDK's tables or is older than the SDK.
+var ErrNotMigrated = errors.New("outbox: schema not migrated")
+
+// CheckMigrated fails, wrapping ErrNotMigrated, when schema ("" means
+// DefaultSchema) in db has none of the SDK's tables or is at a version
+// older than the newest migration of this SDK, with an error that says to
+// run Migrate (or outbox migrate) there. Components that start against a
+// database check it first: a missing table would otherwise fail every
+// statement with SQLSTATE 42P01, which says nothing of the fix.
+func CheckMigrated(ctx context.Context, db DB, schema string) error {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	list, err := MigrationList()
+	if err != nil {
+		return err
+	}
+	want := list[len(list)-1].Version
+	fix := fmt.Sprintf("run outbox.Migrate(ctx, db, &outbox.MigrateConfig{Schema: %q}), or `outbox migrate -schema %s`, against this database", schema, schema)
+	var have int
+	err = db.QueryRow(ctx, tables.Fill(`SELECT coalesce(max(version), 0) FROM {schema}.schema_versions`, schema)).Scan(&have)
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000"):
+		return fmt.Errorf("%w: schema %q has no outbox tables in this database: %s", ErrNotMigrated, schema, fix)
+	case err != nil:
+		return fmt.Errorf("outbox: read the version of schema %q: %w", schema, err)
+	case have < want:
+		return fmt.Errorf("%w: schema %q is at version %d and this SDK needs %d: %s", ErrNotMigrated, schema, have, want, fix)
 	}
 	return nil
 }

@@ -90,7 +90,7 @@ func TestStartUp(t *testing.T) {
 		eventually.True(t, 30*time.Second, func() bool {
 			s := logs.String()
 			return containsAll(s, `msg="consumer: started"`, "group="+b.group, `msg="consumer: partitions assigned"`, "member_id=", "map["+b.topic+":[")
-		}, "start and assignment logged at INFO with group, member and partitions")
+		}, "start and assignment logged at INFO with group, member and partitions", &logs)
 	})
 }
 

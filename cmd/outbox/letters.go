@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -90,10 +91,29 @@ func lettersList(ctx context.Context, e *env) error {
 			seq = strconv.FormatInt(l.Seq, 10)
 		}
 		rows = append(rows, []string{strconv.FormatInt(l.ID, 10), l.Consumer, agg, seq, l.Reason,
-			strconv.Itoa(l.Attempts), ago(l.FirstFailedAt), l.Error})
+			strconv.Itoa(l.Attempts), ago(l.FirstFailedAt), errorTail(l.Error)})
 	}
 	return table(e.out, []string{"ID", "CONSUMER", "AGGREGATE", "SEQ", "REASON", "TRIES", "AGE", "ERROR"}, rows,
 		[]int{0, 12, 16, 0, 0, 0, 0, 0})
+}
+
+// sdkPrefixes are the openings of the SDK's own wrapping of a handler's
+// error, which say what the REASON column says already.
+var sdkPrefixes = []string{"consumer: ", "handler panicked: "}
+
+// errorTail is a letter's error for a narrow column: without the SDK's
+// wrapping (the reason is in its own column), so that the cell starts with
+// what the handler said, and a timeout as its bound alone.
+func errorTail(s string) string {
+	for _, p := range sdkPrefixes {
+		s = strings.TrimPrefix(s, p)
+	}
+	if rest, ok := strings.CutPrefix(s, "handler did not finish within Config.HandlerTimeout ("); ok {
+		if bound, cause, ok := strings.Cut(rest, "): "); ok {
+			return "over " + bound + ": " + cause
+		}
+	}
+	return s
 }
 
 // failureRow is a group of letters as list -group writes it in JSON.

@@ -28,12 +28,15 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"os/user"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/dedupe"
 )
 
@@ -90,9 +93,12 @@ type opts struct {
 	wait                     time.Duration
 	by, listen               string
 	keyRetention             time.Duration
+	// args are the positional arguments, wherever they stood among the
+	// flags.
+	args []string
 }
 
-func parse(cmd string, args []string) (*opts, *flag.FlagSet, error) {
+func parse(cmd string, args []string) (*opts, error) {
 	o := &opts{}
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -116,22 +122,63 @@ func parse(cmd string, args []string) (*opts, *flag.FlagSet, error) {
 	fs.BoolVar(&o.dryRun, "dry-run", false, "count what the action would touch, do nothing")
 	fs.Float64Var(&o.rate, "rate", 0, "at most this many letters per second; 0 is no bound")
 	fs.DurationVar(&o.wait, "wait", 0, "wait this long for the consumer to finish the request")
-	fs.StringVar(&o.by, "by", os.Getenv("USER"), "who asks, for the audit log")
+	fs.StringVar(&o.by, "by", whoami(), "who asks, for the audit log")
 	fs.DurationVar(&o.keyRetention, "key-retention", dedupe.DefaultRetention, "consumers: the consumers' Config.KeyRetention")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "dashboard: address to serve on")
-	if err := fs.Parse(args); err != nil {
-		return nil, nil, usageError("%s: %v", cmd, err)
+	positional, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, usageError("%s: %v", cmd, err)
 	}
 	if o.format != "table" && o.format != "json" {
-		return nil, nil, usageError("%s: -o %q: want table or json", cmd, o.format)
+		return nil, usageError("%s: -o %q: want table or json", cmd, o.format)
 	}
 	if o.keyRetention <= 0 {
-		return nil, nil, usageError("%s: -key-retention %s: want a positive duration", cmd, o.keyRetention)
+		return nil, usageError("%s: -key-retention %s: want a positive duration", cmd, o.keyRetention)
 	}
 	if o.status == "all" {
 		o.status = ""
 	}
-	return o, fs, nil
+	if o.by == "" {
+		return nil, usageError("%s: -by NAME: who acts, for the audit log ($USER is not set)", cmd)
+	}
+	o.args = positional
+	return o, nil
+}
+
+// parseInterspersed parses args with fs, flags before, between and after
+// the positional arguments (letters replay 42 -wait 30s), and returns the
+// positional ones; "--" ends the flags.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// whoami is the default actor: $USER, else the account the process runs
+// as, else "".
+func whoami() string {
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return ""
 }
 
 // subcommands are the commands that take a verb.
@@ -142,6 +189,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
 		return errUsage
 	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
+		_, err := fmt.Fprintln(out, usage)
+		return err
+	}
 	cmd, args := args[0], args[1:]
 	if subcommands[cmd] {
 		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
@@ -149,7 +200,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		cmd, args = cmd+" "+args[0], args[1:]
 	}
-	o, fs, err := parse(cmd, args)
+	o, err := parse(cmd, args)
+	if errors.Is(err, flag.ErrHelp) {
+		_, err := fmt.Fprintln(out, usage)
+		return err
+	}
 	if err != nil {
 		return err
 	}
@@ -168,16 +223,49 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	return h(ctx, &env{pool: pool, opts: o, args: fs.Args(), out: out, cmd: cmd})
+	e := &env{pool: pool, opts: o, out: out, cmd: cmd}
+	if cmd != "migrate" {
+		if err := outbox.CheckMigrated(ctx, pool, o.schema); err != nil {
+			return err
+		}
+	}
+	if o.consumer != "" {
+		if err := e.knownConsumer(ctx); err != nil {
+			return err
+		}
+	}
+	return h(ctx, e)
+}
+
+// knownConsumer fails with exit code 3 when -consumer names a consumer
+// that has nothing in the schema: no letters, parked records, positions,
+// processed keys or running member. An empty answer would look like a
+// healthy consumer, and a request to it would wait for ever.
+func (e *env) knownConsumer(ctx context.Context) error {
+	names, err := consumer.Consumers(ctx, e.pool, e.schema)
+	if err != nil {
+		return err
+	}
+	members, err := consumer.Members(ctx, e.pool, e.schema, e.consumer)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(names, e.consumer) || len(members) > 0 {
+		return nil
+	}
+	known := "none"
+	if len(names) > 0 {
+		known = strings.Join(names[:min(len(names), 10)], ", ")
+	}
+	return withCode(exitNotFound, fmt.Errorf("consumer %q has nothing in schema %s and no process runs it; known consumers: %s", e.consumer, e.schema, known))
 }
 
 // env is what a command runs with.
 type env struct {
 	pool *pgxpool.Pool
 	*opts
-	args []string
-	out  io.Writer
-	cmd  string
+	out io.Writer
+	cmd string
 }
 
 // handlers are the commands that need the database, by name.
