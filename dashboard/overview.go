@@ -2,7 +2,9 @@ package dashboard
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strconv"
 	"slices"
 	"sync"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/producer"
 )
 
@@ -52,13 +55,14 @@ type consumerSample struct {
 
 // consumerSummary is one consumer's row of the overview.
 type consumerSummary struct {
-	Name                            string
-	OpenLetters                     int64
-	Gaps                            int64
-	ParkedAggregates, ParkedRecords int64
-	OldestGap, OldestLetter         time.Duration
-	ProcessedKeys                   int64
-	OldestKey                       time.Duration
+	Name string
+	// OpenLetters, Gaps and ParkedRecords are counted up to
+	// Config.CountCap ("10000+" past it); ParkedRecords counts the
+	// records of the gaps counted.
+	OpenLetters, Gaps, ParkedRecords string
+	// Letters says it has open letters.
+	Letters                 bool
+	OldestGap, OldestLetter time.Duration
 	// Warnings are the dedupe horizon warnings.
 	Warnings []string
 	// Applied is its records applied per minute.
@@ -144,18 +148,19 @@ func (d *Dashboard) readConsumers(r *http.Request) error {
 // summarize reads consumer name's row of the overview.
 func (d *Dashboard) summarize(r *http.Request, name string) (consumerSummary, error) {
 	ctx := r.Context()
-	h, err := consumer.ReadHealth(ctx, d.pool, d.cfg.Schema, name)
+	var (
+		letters, gaps, parked int64
+		oldestLetter, oldGap  float64
+	)
+	err := d.pool.QueryRow(ctx, tables.Fill(summarySQL, d.cfg.Schema), name, d.cfg.CountCap+1).Scan(&letters, &oldestLetter, &gaps, &parked, &oldGap)
 	if err != nil {
-		return consumerSummary{}, err
+		return consumerSummary{}, fmt.Errorf("dashboard: read consumer %s: %w", name, err)
 	}
-	s := consumerSummary{Name: name, ParkedAggregates: h.ParkedAggregates, ParkedRecords: h.ParkedRecords,
-		OldestGap: h.OldestGap, ProcessedKeys: h.ProcessedKeys, OldestKey: h.OldestKey}
-	for _, l := range h.Letters {
-		s.OpenLetters += l.Count
-		s.OldestLetter = max(s.OldestLetter, l.Oldest)
+	s := consumerSummary{Name: name, OpenLetters: capped(letters, d.cfg.CountCap), Letters: letters > 0, Gaps: capped(gaps, d.cfg.CountCap),
+		ParkedRecords: capped(parked, d.cfg.CountCap), OldestLetter: seconds(oldestLetter), OldestGap: seconds(oldGap)}
+	if gaps > int64(d.cfg.CountCap) {
+		s.ParkedRecords = "at least " + strconv.FormatInt(parked, 10)
 	}
-	// Every aggregate with records parked has a gap in front of them.
-	s.Gaps = h.ParkedAggregates
 	if s.Applied, err = d.readChart(ctx, "applied", name); err != nil {
 		return consumerSummary{}, err
 	}
@@ -166,12 +171,25 @@ func (d *Dashboard) summarize(r *http.Request, name string) (consumerSummary, er
 	return s, nil
 }
 
-// keySlack is how far past the retention the oldest key may be before the
-// overview says pruning is behind: the consumer prunes every few minutes.
-const keySlack = time.Hour
+// summarySQL reads consumer $1's row of the overview, each count capped
+// at $2 rows and each age along an index (dead_letters_open,
+// positions_parked, dead_letters_open_age, parked_age): a million open
+// letters cost what a few do. consumer.ReadHealth counts exactly, which
+// costs a scan, and is for a sampler such as outboxprom.
+const summarySQL = `
+SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead' LIMIT $2) l),
+       coalesce(extract(epoch FROM now() - (SELECT min(first_failed_at) FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead')), 0)::float8,
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.positions WHERE consumer = $1 AND parked > 0 LIMIT $2) g),
+       (SELECT coalesce(sum(parked), 0) FROM (SELECT parked FROM {schema}.positions WHERE consumer = $1 AND parked > 0 LIMIT $2) g),
+       coalesce(extract(epoch FROM now() - (SELECT min(parked_at) FROM {schema}.parked WHERE consumer = $1)), 0)::float8`
+
+// seconds is a count of seconds as a duration.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // horizonWarnings says where s's records may come back after their keys
-// were pruned, or keys are kept past the retention.
+// were pruned. (Whether keys are kept past the retention needs the oldest
+// key, which only a scan finds: outbox consumers and outboxprom report
+// it.)
 func horizonWarnings(s consumerSummary, keep time.Duration) []string {
 	var ws []string
 	if s.OldestLetter > keep {
@@ -181,10 +199,6 @@ func horizonWarnings(s consumerSummary, keep time.Duration) []string {
 	if s.OldestGap > keep {
 		ws = append(ws, "parked records are older ("+age(s.OldestGap)+") than the key retention ("+age(keep)+
 			"): draining them may apply effects a second time")
-	}
-	if s.OldestKey > keep+keySlack {
-		ws = append(ws, "processed keys are kept longer ("+age(s.OldestKey)+") than the key retention ("+age(keep)+
-			"): is a Consumer (or PruneKeys) running, and is Config.KeyRetention here the consumer's?")
 	}
 	return ws
 }
