@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
