@@ -150,3 +150,18 @@ func (f *fixture) server(t *testing.T, cfg *dashboard.Config) *httptest.Server {
 func alice(*http.Request) (string, bool) { return "alice", true }
 
 var errTest = errors.New("test failure")
+
+// activity gives the overview something to draw and someone alive: a
+// relay that delivered 2 events a minute for the last hour, a consumer
+// that applied as many, and one live member of it.
+func (f *fixture) activity(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := f.db.Pool.Exec(ctx, `INSERT INTO `+f.db.Table("activity")+` (kind, name, minute, n)
+SELECT k, CASE k WHEN 'delivered' THEN 'relay-1' ELSE 'billing' END, date_trunc('minute', now()) - m * interval '1 minute', 2
+FROM unnest(ARRAY['delivered', 'applied']) AS k, generate_series(0, 59) AS m`)
+	require.NoError(t, err)
+	_, err = f.db.Pool.Exec(ctx, `INSERT INTO `+f.db.Table("consumer_members")+` (consumer, member_id, group_name, host, pid, partitions, applied)
+VALUES ('billing', 'billing-1-host-4242-a1b2c3', 'billing', 'host', 4242, 8, 120)`)
+	require.NoError(t, err)
+}
