@@ -13,7 +13,9 @@ import (
 
 // consumerRow is one consumer of the consumers command, as JSON.
 type consumerRow struct {
-	Consumer         string  `json:"consumer"`
+	Consumer string `json:"consumer"`
+	// LiveMembers counts the processes running a Consumer of it now.
+	LiveMembers      int     `json:"live_members"`
 	OpenLetters      int64   `json:"open_dead_letters"`
 	ParkedAggregates int64   `json:"parked_aggregates"`
 	ParkedRecords    int64   `json:"parked_records"`
@@ -46,6 +48,15 @@ func consumers(ctx context.Context, e *env) error {
 		for _, l := range h.Letters {
 			r.OpenLetters += l.Count
 		}
+		ms, err := consumer.Members(ctx, e.pool, e.schema, n)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if m.Live {
+				r.LiveMembers++
+			}
+		}
 		rows = append(rows, r)
 	}
 	if e.format == "json" {
@@ -53,12 +64,12 @@ func consumers(ctx context.Context, e *env) error {
 	}
 	cells := make([][]string, 0, len(rows))
 	for _, r := range rows {
-		cells = append(cells, []string{r.Consumer, strconv.FormatInt(r.OpenLetters, 10), strconv.FormatInt(r.ParkedRecords, 10),
+		cells = append(cells, []string{r.Consumer, strconv.Itoa(r.LiveMembers), strconv.FormatInt(r.OpenLetters, 10), strconv.FormatInt(r.ParkedRecords, 10),
 			strconv.FormatInt(r.ParkedAggregates, 10), age(r.OldestGapSeconds), strconv.FormatInt(r.ProcessedKeys, 10),
 			age(r.OldestKeySeconds), fmt.Sprintf("%.0f%%", 100*r.KeyHorizonUsed)})
 	}
-	return table(e.out, []string{"CONSUMER", "LETTERS", "PARKED", "AGGREGATES", "OLDEST GAP", "KEYS", "OLDEST KEY", "HORIZON"}, cells,
-		[]int{16, 0, 0, 0, 0, 0, 0, 0})
+	return table(e.out, []string{"CONSUMER", "LIVE", "LETTERS", "PARKED", "AGGS", "OLDEST GAP", "KEYS", "OLDEST KEY", "HORIZON"}, cells,
+		[]int{16, 0, 0, 0, 0, 0, 0, 0, 0})
 }
 
 // writeJSON writes v as indented JSON.
