@@ -90,6 +90,10 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 		if err != nil {
 			return err
 		}
+		if err := o.r.checkSession(ctx, conn); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			return err
+		}
 		o.conn = conn
 	}
 	s := &o.r.sql
