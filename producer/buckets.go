@@ -61,6 +61,12 @@ type bucketOwner struct {
 	claimable []int32
 	// idleRefreshed is when idle_until was last extended.
 	idleRefreshed time.Time
+	// live is how many live instances the last heartbeat counted.
+	live int
+	// noBucketsSince is when the instance was last seen owning no bucket
+	// after owning some or starting; zero while it owns buckets.
+	// noBucketsWarned is when warnIfNoBuckets last said so.
+	noBucketsSince, noBucketsWarned time.Time
 }
 
 // hold is one aggregate left out of claims until its lease ends.
@@ -104,6 +110,7 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 		o.reset(ctx)
 		return err
 	}
+	o.live = live
 	if idle {
 		o.idleRefreshed = time.Now()
 	}
@@ -434,4 +441,43 @@ func (o *bucketOwner) close() {
 		_ = o.conn.Close(ctx)
 		o.conn = nil
 	}
+}
+
+// noBucketsWarnAfter is how long an instance may own no bucket while
+// events wait before it says so at WARN (or five RebalanceIntervals, if
+// shorter), and how often it says so again while that lasts.
+const noBucketsWarnAfter = 30 * time.Second
+
+// warnIfNoBuckets says at WARN when the instance has owned no bucket for
+// noBucketsWarnAfter while undelivered events wait. Owning none is normal
+// for a moment while instances come and go, and for the instances beyond
+// the 64th; for longer, the bucket locks are held by sessions that are not
+// the live relays' own lock sessions, and no one may be publishing. It
+// runs after each rebalance, on Run's goroutine.
+func (o *bucketOwner) warnIfNoBuckets(ctx context.Context) {
+	now := time.Now()
+	if len(o.owned) > 0 || o.live > numBuckets {
+		o.noBucketsSince = time.Time{}
+		return
+	}
+	if o.noBucketsSince.IsZero() {
+		o.noBucketsSince = now
+	}
+	after := min(noBucketsWarnAfter, 5*o.r.cfg.RebalanceInterval)
+	if now.Sub(o.noBucketsSince) < after || now.Sub(o.noBucketsWarned) < noBucketsWarnAfter {
+		return
+	}
+	var waiting bool
+	if err := o.r.pool.QueryRow(ctx, o.r.sql.anyUndelivered).Scan(&waiting); err != nil {
+		o.r.logError(ctx, "relay: look for undelivered events while owning no bucket", err)
+		return
+	}
+	if !waiting {
+		return
+	}
+	o.noBucketsWarned = now
+	o.r.log.WarnContext(ctx, "relay: owns no bucket while events wait to be published; their bucket locks are held by other sessions: "+
+		"if no relay of this schema owns buckets (Relay.Health), the locks are held by a session that is no live relay's, such as one a relay took "+
+		"through a transaction pooler (RelayConfig.SessionConfig must be a session of its own), which keeps them until the pooler closes it",
+		slog.Duration("for", now.Sub(o.noBucketsSince).Round(time.Second)), slog.Int("live_relays", o.live))
 }

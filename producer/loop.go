@@ -103,6 +103,9 @@ func (l *loop) rebalanceIfDue(ctx context.Context) {
 	if err != nil {
 		l.r.logError(ctx, "relay: rebalance buckets, will retry", err)
 	}
+	if ctx.Err() == nil {
+		l.owner.warnIfNoBuckets(ctx)
+	}
 	if t := l.r.trace.rebalance; t != nil && ctx.Err() == nil {
 		t.TraceRebalance(ctx, len(l.owner.owned), numBuckets, err)
 	}

@@ -81,8 +81,10 @@ type RelayConfig struct {
 	// process dies is noticed at the others' next rebalance, once the
 	// server ended its session; one whose host vanished (its session
 	// lingers until the server's TCP keepalive gives up) after three
-	// intervals without a heartbeat. Give every instance of one schema the
-	// same value. Default 2s.
+	// intervals without a heartbeat. An instance that owns no bucket for
+	// five intervals (at most 30s) while events wait says so at WARN, and
+	// again every 30s while that lasts. Give every instance of one schema
+	// the same value. Default 2s.
 	RebalanceInterval time.Duration
 	// Retention is how long delivered events are kept before they are
 	// pruned; negative disables pruning. Default 7 days.

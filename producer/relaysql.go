@@ -4,6 +4,7 @@ package producer
 type relaySQL struct {
 	claim, heartbeat, leasedAggregates, setIdle, leave           string
 	markDelivered, release, recordFailures, moveDead, renewLease string
+	anyUndelivered                                               string
 }
 
 func newRelaySQL(schema string) relaySQL {
@@ -18,6 +19,8 @@ func newRelaySQL(schema string) relaySQL {
 		recordFailures:   qualify(recordFailuresSQL, schema),
 		moveDead:         qualify(moveDeadSQL, schema),
 		renewLease:       qualify(renewLeaseSQL, schema),
+		// The partial index on undelivered rows answers it at once.
+		anyUndelivered: qualify(`SELECT EXISTS (SELECT 1 FROM {schema}.events WHERE published_at IS NULL)`, schema),
 	}
 }
 

@@ -1,7 +1,12 @@
 package producer_test
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgbouncer"
 	"github.com/d419a114/outbox/producer"
 )
@@ -82,4 +88,70 @@ func TestRelaySessionConfig(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, <-done, context.Canceled)
 	})
+}
+
+// TestRelayWarnsWithoutBuckets: a relay that can take no bucket while
+// events wait says so at WARN, here within five RebalanceIntervals, and
+// says nothing of it once it owns buckets. The bucket locks are held by a
+// session of the test's, as they were by a PgBouncer server session in the
+// incident this guards against.
+func TestRelayWarnsWithoutBuckets(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBundle(t, 1)
+	holder, err := pgx.Connect(ctx, b.db.Server.URL)
+	require.NoError(t, err)
+	defer func() { _ = holder.Close(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1, b) FROM generate_series(0, $2 - 1) AS b`,
+		producer.BucketLockKey(b.db.Schema), producer.NumBuckets)
+	require.NoError(t, err)
+	b.write(t, b.event("a"))
+
+	logs := &syncBuffer{}
+	pool, err := pgxpool.New(ctx, b.db.Server.URL)
+	require.NoError(t, err)
+	defer pool.Close()
+	relay, err := producer.NewRelay(pool, b.broker.Client(t), &producer.RelayConfig{
+		Schema: b.db.Schema, RebalanceInterval: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	defer func() {
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+	}()
+
+	const warning = "owns no bucket while events wait"
+	eventually.True(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), warning) }, "no WARN from a relay without buckets")
+	require.Equal(t, 0, relay.Health().Buckets)
+	require.Equal(t, 1, b.undelivered(t))
+
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+	require.NoError(t, err)
+	b.waitDelivered(t, 30*time.Second)
+	warned := strings.Count(logs.String(), warning)
+	b.write(t, b.event("a"))
+	b.waitDelivered(t, 30*time.Second)
+	require.Equal(t, warned, strings.Count(logs.String(), warning), "warned again while owning buckets")
+}
+
+// syncBuffer is a bytes.Buffer for a logger and a test's goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
 }
