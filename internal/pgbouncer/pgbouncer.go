@@ -26,9 +26,9 @@ import (
 // Binary is where Debian's pgbouncer package installs the program.
 const Binary = "/usr/sbin/pgbouncer"
 
-// RequireEnv, when set to anything, makes Start fail a test instead of
-// skipping it when Binary is missing; CI sets it, so that a missing
-// package cannot pass for a green run.
+// RequireEnv names the variable that, set to anything, makes Start fail a
+// test instead of skipping it when Binary is missing; CI sets it, so that a
+// missing package cannot pass for a green run.
 const RequireEnv = "OUTBOX_REQUIRE_PGBOUNCER"
 
 // Mode is PgBouncer's pool_mode.
@@ -119,11 +119,11 @@ ignore_startup_parameters = extra_float_digits
 	require.NoError(t, os.WriteFile(userlist, fmt.Appendf(nil, "%q \"\"\n", server.User), 0o644)) //nolint:gosec // the pooler runs as another user and must read it
 	require.NoError(t, os.WriteFile(ini, []byte(conf), 0o644))                                    //nolint:gosec // as above
 
-	cmd := exec.Command(Binary, ini)
+	cmd := exec.Command(Binary, ini) //nolint:gosec // Binary is a constant; ini is this function's own file
 	// Pdeathsig stops the pooler if the test binary dies without running
 	// its clean-up.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
-	out, err := os.Create(filepath.Join(dir, "stderr.log"))
+	out, err := os.Create(filepath.Join(dir, "stderr.log")) //nolint:gosec // in this function's own temporary directory
 	require.NoError(t, err)
 	defer func() { _ = out.Close() }()
 	cmd.Stdout, cmd.Stderr = out, out
@@ -147,7 +147,7 @@ ignore_startup_parameters = extra_float_digits
 
 	b := &Bouncer{Mode: mode, URL: fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", server.User, port, server.Database)}
 	if err := waitReady(b.URL, exited); err != nil {
-		log, _ := os.ReadFile(logPath)
+		log, _ := os.ReadFile(logPath) //nolint:gosec // as above
 		stderr, _ := os.ReadFile(out.Name())
 		t.Fatalf("pgbouncer: %v\nlog:\n%s\nstderr:\n%s", err, log, stderr)
 	}
