@@ -42,8 +42,9 @@ const simple = pgx.QueryExecModeSimpleProtocol
 // transaction the server session conn used last, since it hands out the
 // session freed most recently (PgBouncer's default, server_round_robin=0),
 // so conn's next statement runs in another session or waits for one;
-// through a session pooler it runs in the same one. On failure conn may be
-// closed: the caller discards it.
+// through a session pooler it runs in the same one. The probe is repeated
+// (probeRounds), since other clients of the pooler may get in between. On
+// failure conn may be closed: the caller discards it.
 func Check(ctx context.Context, conn *pgx.Conn) error {
 	var first uint32
 	if err := conn.QueryRow(ctx, pidQuery, simple).Scan(&first); err != nil {
@@ -59,6 +60,26 @@ func Check(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("connect a second time to probe the pooler: %w", err)
 	}
 	defer func() { _ = other.Close(context.WithoutCancel(ctx)) }()
+	for range probeRounds {
+		if err := probe(ctx, conn, other, first); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// probeRounds is how often Check probes a pooler's client. Other clients'
+// transactions may take the session conn just used before the probe's
+// does, and leave it free again in time for conn's next statement; a
+// session pooler passes every round, a transaction pooler fails one
+// unless that happens every time.
+const probeRounds = 5
+
+// probe is one round of Check behind a pooler: a transaction on other,
+// then a statement on conn, whose server session was first.
+func probe(ctx context.Context, conn, other *pgx.Conn, first uint32) error {
+	octx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
 	tx, err := other.Begin(octx)
 	if err != nil {
 		return fmt.Errorf("begin a transaction to probe the pooler: %w", err)

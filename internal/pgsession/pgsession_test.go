@@ -3,6 +3,7 @@ package pgsession_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -36,6 +37,27 @@ func TestCheck(t *testing.T) {
 		t.Parallel()
 		b := pgbouncer.Start(t, srv.URL, pgbouncer.Session, &pgbouncer.Opts{PoolSize: 2})
 		require.NoError(t, pgsession.Check(context.Background(), connect(t, b.URL)))
+	})
+	t.Run("TransactionPoolerUnderLoad", func(t *testing.T) {
+		t.Parallel()
+		b := pgbouncer.Start(t, srv.URL, pgbouncer.Transaction, &pgbouncer.Opts{PoolSize: 4})
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		defer func() {
+			cancel()
+			wg.Wait()
+		}()
+		for range 4 {
+			busy := connect(t, b.URL)
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					_, _ = busy.Exec(ctx, "SELECT pg_sleep(0.001)")
+				}
+			})
+		}
+		for range 10 {
+			require.ErrorIs(t, pgsession.Check(context.Background(), connect(t, b.URL)), pgsession.ErrNotSession)
+		}
 	})
 	for _, size := range []int{1, 2, 10} {
 		t.Run(fmt.Sprintf("TransactionPooler/PoolSize%d", size), func(t *testing.T) {
