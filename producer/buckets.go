@@ -4,12 +4,15 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/d419a114/outbox"
 )
 
 // numBuckets is how many hash buckets the aggregates are spread over. It is
@@ -63,6 +66,9 @@ type bucketOwner struct {
 	idleRefreshed time.Time
 	// live is how many live instances the last heartbeat counted.
 	live int
+	// sessionPID is the server pid the lock session's first heartbeat ran
+	// in; every later one must run there too.
+	sessionPID uint32
 	// noBucketsSince is when the instance was last seen owning no bucket
 	// after owning some or starting; zero while it owns buckets.
 	// noBucketsWarned is when warnIfNoBuckets last said so.
@@ -100,15 +106,27 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			return err
 		}
-		o.conn = conn
+		o.conn, o.sessionPID = conn, 0
 	}
 	s := &o.r.sql
 	stale := 3 * o.r.cfg.RebalanceInterval
-	var live int
-	err := o.conn.QueryRow(ctx, s.heartbeat, o.r.cfg.RelayID, idle, o.idleFor().Milliseconds(), stale.Milliseconds()).Scan(&live)
+	var (
+		live int
+		pid  uint32
+	)
+	err := o.conn.QueryRow(ctx, s.heartbeat, o.r.cfg.RelayID, idle, o.idleFor().Milliseconds(), stale.Milliseconds()).Scan(&live, &pid)
 	if err != nil {
 		o.reset(ctx)
 		return err
+	}
+	if o.sessionPID == 0 {
+		o.sessionPID = pid
+	} else if pid != o.sessionPID {
+		// The check at connect passed, but a transaction pooler can hand
+		// the same server session back for a while: this proves it did
+		// not keep doing so.
+		o.dropAll(ctx)
+		return o.r.notSession(o.r.cfg.SessionConfig, fmt.Errorf("%w: its heartbeats ran in server sessions %d and then %d", outbox.ErrNotSession, o.sessionPID, pid))
 	}
 	o.live = live
 	if idle {

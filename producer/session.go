@@ -20,12 +20,17 @@ import (
 func (r *Relay) checkSession(ctx context.Context, conn *pgx.Conn) error {
 	err := pgsession.Check(ctx, conn)
 	if errors.Is(err, outbox.ErrNotSession) {
-		cfg := conn.Config()
-		return fmt.Errorf("producer: RelayConfig.SessionConfig (%s:%d) must give the relay a session of its own for its bucket locks and LISTEN; point it at the PostgreSQL server directly or at a session-mode pool (PgBouncer pool_mode=session), and keep the pool behind the transaction pooler if you like: %w",
-			cfg.Host, cfg.Port, err)
+		return r.notSession(conn.Config(), err)
 	}
 	if err != nil {
 		return fmt.Errorf("producer: check that RelayConfig.SessionConfig gives a session of its own: %w", err)
 	}
 	return nil
+}
+
+// notSession is the error for a SessionConfig, cfg, that gives no session
+// of its own; err wraps outbox.ErrNotSession and says what showed it.
+func (r *Relay) notSession(cfg *pgx.ConnConfig, err error) error {
+	return fmt.Errorf("producer: RelayConfig.SessionConfig (%s:%d) must give the relay a session of its own for its bucket locks and LISTEN; point it at the PostgreSQL server directly or at a session-mode pool (PgBouncer pool_mode=session), and keep the pool behind the transaction pooler if you like: %w",
+		cfg.Host, cfg.Port, err)
 }
