@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
@@ -100,6 +101,15 @@ type Config struct {
 	// them on a connection of its own when db is a *pgxpool.Pool. Default
 	// 1s; negative: the Consumer takes none up.
 	RequestPoll time.Duration
+	// SessionConfig is used for the connection that LISTENs for operator
+	// requests (see RequestPoll), which needs a session of its own. Behind
+	// a transaction pooler (PgBouncer pool_mode=transaction) point it at
+	// the PostgreSQL server directly or at a session-mode pool. The
+	// listener checks that it is a session; when it is not, it says so at
+	// WARN once, naming Config.SessionConfig, and does not listen: requests
+	// are then taken up at the next RequestPoll, as polling is what
+	// guarantees they are. Default: the pool's connection config.
+	SessionConfig *pgx.ConnConfig
 	// ShutdownGrace is how long the Consumer lets records in flight finish
 	// after its context ends, or after their partition is revoked (keep it
 	// well below the group's rebalance timeout, 60s by default); then

@@ -130,11 +130,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if client == nil {
 		return nil, errors.New("consumer: nil client")
 	}
-	defaults, err := cfg.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	if err := checkPool(db, defaults); err != nil {
+	if err := checkPool(db); err != nil {
 		return nil, err
 	}
 	if g, _ := client.OptValue(kgo.ShareGroup).(string); g != "" {

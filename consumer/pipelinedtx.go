@@ -19,7 +19,10 @@ import (
 // failed commit reports pgx.ErrTxCommitRollback. The goroutine that runs
 // the record owns it.
 type pipelinedTx struct {
-	conn       *pgx.Conn
+	conn *pgx.Conn
+	// serverPID is the server session the transaction runs in (see
+	// serverPID); 0 when unknown.
+	serverPID  uint32
 	closed     bool
 	savepoints int
 	// lo is a pgx Tx on the same connection, made on first use of
@@ -176,23 +179,43 @@ func (r rowFrom) Scan(dest ...any) error {
 // statement sql in one pipeline, scanning the statement's one row into
 // dest. On success the caller owns the returned transaction and must call
 // release after ending it.
+//
+// The transaction's server pid goes in the same pipeline, costing no
+// round trip, on a connection not yet known to be direct: behind a pooler
+// the connection's start-up pid is the pooler's, and each transaction may
+// run in another server session (see serverPID).
 func beginWith(ctx context.Context, pool DB, sql string, args []any, dest ...any) (*pipelinedTx, func(), error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("consumer: acquire connection: %w", err)
 	}
+	pg := conn.Conn().PgConn()
+	direct, known := isDirect(pg)
 	var b pgx.Batch
 	b.Queue("begin")
 	b.Queue(sql, args...)
+	if !direct {
+		b.Queue("SELECT pg_backend_pid()")
+	}
 	br := conn.SendBatch(ctx, &b)
 	_, err = br.Exec()
 	if err == nil {
 		err = br.QueryRow().Scan(dest...)
 	}
+	var pid uint32
+	if err == nil && !direct {
+		err = br.QueryRow().Scan(&pid)
+	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	tx := &pipelinedTx{conn: conn.Conn()}
+	tx := &pipelinedTx{conn: conn.Conn(), serverPID: pg.PID()}
+	if !direct {
+		tx.serverPID = pid
+		if !known && err == nil {
+			learnDirect(pg, pid)
+		}
+	}
 	if err != nil {
 		if conn.Conn().PgConn().TxStatus() != 'I' {
 			_ = tx.Rollback(context.WithoutCancel(ctx))

@@ -502,9 +502,11 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, att
 }
 
 // track records tx as open until the returned function runs, in the
-// Processor's set and in the set ctx carries (see withOpenSet), if any.
+// Processor's set and in the set ctx carries (see withOpenSet), if any,
+// by the server pid of its transaction (serverPID), which behind a pooler
+// is not the connection's start-up pid; 0 when it could not be read.
 func (p *Processor) track(ctx context.Context, tx pgx.Tx) func() {
-	pid := tx.Conn().PgConn().PID()
+	pid := serverPID(ctx, tx)
 	done := p.open.add(pid)
 	s, _ := ctx.Value(openKey{}).(*openSet)
 	if s == nil {
@@ -557,16 +559,32 @@ func withOpenSet(ctx context.Context, s *openSet) context.Context {
 }
 
 // terminate ends the database sessions pids, which rolls back their
-// transactions on the server.
+// transactions on the server. The pids are the server's (see track), so
+// this works through a pooler too: PgBouncer then drops the client
+// connection whose server session ended. A pid is still its transaction's
+// while the transaction is tracked, except in the moment between its end
+// and its untracking, in which a transaction pooler could give the session
+// to another client. A pid of 0 (unknown) cannot be ended: that is said at
+// WARN, since only the server's idle_in_transaction_session_timeout (or
+// the pooler's idle_transaction_timeout) then bounds the transaction.
 func (p *Processor) terminate(ctx context.Context, pids []uint32) error {
 	if len(pids) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ids := make([]int64, len(pids))
-	for i, pid := range pids {
-		ids[i] = int64(pid)
+	ids := make([]int64, 0, len(pids))
+	for _, pid := range pids {
+		if pid != 0 {
+			ids = append(ids, int64(pid))
+		}
+	}
+	if len(ids) < len(pids) {
+		p.log.WarnContext(ctx, "consumer: cannot end the sessions of abandoned transactions whose server pid could not be read; "+
+			"the server's idle_in_transaction_session_timeout (or the pooler's idle_transaction_timeout) must bound them")
+	}
+	if len(ids) == 0 {
+		return nil
 	}
 	_, err := p.db.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, ids)
 	return err

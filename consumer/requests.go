@@ -86,18 +86,17 @@ func (p *Processor) listenRequests(ctx context.Context, pool *pgxpool.Pool, wake
 }
 
 func (p *Processor) listenOnce(ctx context.Context, pool *pgxpool.Pool, signal func()) error {
-	conn, err := pool.Acquire(ctx)
+	conn, err := p.requestSession(ctx, pool)
 	if err != nil {
 		return err
 	}
-	// The connection LISTENed: it goes back closed, never to another user.
-	defer func() { _ = conn.Hijack().Close(context.WithoutCancel(ctx)) }()
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	if _, err := conn.Exec(ctx, "LISTEN "+p.ops.Channel()); err != nil {
 		return err
 	}
 	signal()
 	for {
-		n, err := conn.Conn().WaitForNotification(ctx)
+		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}

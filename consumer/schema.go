@@ -25,23 +25,18 @@ func (p *Processor) CheckSchema(ctx context.Context) error {
 
 // minConns is the smallest pool a Consumer runs on: one connection for a
 // record's transaction, one for the work beside it (dead letters, drains,
-// the probe that tells a sick record from an outage, operator requests),
-// and, when it takes operator requests, the one their listener holds.
-func minConns(cfg Config) int32 {
-	if cfg.RequestPoll >= 0 {
-		return 3
-	}
-	return 2
-}
+// the probe that tells a sick record from an outage, operator requests).
+// The requests' listener connects on its own (Config.SessionConfig).
+const minConns = 2
 
 // checkPool refuses a pool too small for the Consumer, which would wait
 // for a connection for ever and log nothing.
-func checkPool(db DB, cfg Config) error {
+func checkPool(db DB) error {
 	pool, ok := db.(*pgxpool.Pool)
 	if !ok {
 		return nil
 	}
-	if n, least := pool.Config().MaxConns, minConns(cfg); n < least {
+	if n, least := pool.Config().MaxConns, int32(minConns); n < least {
 		return fmt.Errorf("consumer: the pool allows %d connections and a Consumer needs at least %d (add about Config.Concurrency per assigned partition): set pool_max_conns=%d or more in the connection string, or pgxpool.Config.MaxConns", n, least, least)
 	}
 	return nil

@@ -140,8 +140,7 @@ func (g *group) start(opts ...kgo.Opt) *member {
 	g.started++
 	name := fmt.Sprintf("m%d", g.started)
 	g.mu.Unlock()
-	poolCfg, err := pgxpool.ParseConfig(s.db.Server.URL)
-	require.NoError(s.t, err)
+	poolCfg := s.poolConfig()
 	poolCfg.MaxConns = 8
 	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 	require.NoError(s.t, err)

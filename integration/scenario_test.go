@@ -23,6 +23,7 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/integration/history"
 	"github.com/d419a114/outbox/internal/kafkatest"
+	"github.com/d419a114/outbox/internal/pgbouncer"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
@@ -86,6 +87,11 @@ type scenario struct {
 	writeErrors int
 	// next maps each partition to the offset after the last record read.
 	next map[int32]int64
+	// pooler, when set, is the connection pooler that the writers, the
+	// relays' pools and the consumer members connect through (see
+	// routeThrough); writePool is the writers' pool through it.
+	pooler    *pgbouncer.Bouncer
+	writePool *pgxpool.Pool
 }
 
 func newScenario(t *testing.T, rng *rand.Rand, b *kafkatest.Broker, partitions int32) *scenario {
@@ -182,7 +188,11 @@ func (s *scenario) event(agg string) producer.Event {
 func (s *scenario) attempt(events []producer.Event, rollback bool) (committed []string, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	tx, err := s.db.Pool.Begin(ctx)
+	db := s.db.Pool
+	if s.writePool != nil {
+		db = s.writePool
+	}
+	tx, err := db.Begin(ctx)
 	if err != nil {
 		s.failed()
 		return nil, false
@@ -516,8 +526,7 @@ func scenarioRelayConfig() producer.RelayConfig {
 // connections, which lets a test stop the relay at a chosen point.
 func (s *scenario) startRelay(name string, cfg producer.RelayConfig, tracer pgx.QueryTracer, opts ...kgo.Opt) *relay {
 	s.t.Helper()
-	poolCfg, err := pgxpool.ParseConfig(s.db.Server.URL)
-	require.NoError(s.t, err)
+	poolCfg := s.poolConfig()
 	app := "scn_" + s.db.Schema + "_" + name
 	poolCfg.ConnConfig.RuntimeParams["application_name"] = app
 	poolCfg.ConnConfig.Tracer = tracer

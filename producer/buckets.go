@@ -4,12 +4,15 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/d419a114/outbox"
 )
 
 // numBuckets is how many hash buckets the aggregates are spread over. It is
@@ -61,6 +64,15 @@ type bucketOwner struct {
 	claimable []int32
 	// idleRefreshed is when idle_until was last extended.
 	idleRefreshed time.Time
+	// live is how many live instances the last heartbeat counted.
+	live int
+	// sessionPID is the server pid the lock session's first heartbeat ran
+	// in; every later one must run there too.
+	sessionPID uint32
+	// noBucketsSince is when the instance was last seen owning no bucket
+	// after owning some or starting; zero while it owns buckets.
+	// noBucketsWarned is when warnIfNoBuckets last said so.
+	noBucketsSince, noBucketsWarned time.Time
 }
 
 // hold is one aggregate left out of claims until its lease ends.
@@ -90,16 +102,33 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 		if err != nil {
 			return err
 		}
-		o.conn = conn
+		if err := o.r.checkSession(ctx, conn); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			return err
+		}
+		o.conn, o.sessionPID = conn, 0
 	}
 	s := &o.r.sql
 	stale := 3 * o.r.cfg.RebalanceInterval
-	var live int
-	err := o.conn.QueryRow(ctx, s.heartbeat, o.r.cfg.RelayID, idle, o.idleFor().Milliseconds(), stale.Milliseconds()).Scan(&live)
+	var (
+		live int
+		pid  uint32
+	)
+	err := o.conn.QueryRow(ctx, s.heartbeat, o.r.cfg.RelayID, idle, o.idleFor().Milliseconds(), stale.Milliseconds()).Scan(&live, &pid)
 	if err != nil {
 		o.reset(ctx)
 		return err
 	}
+	if o.sessionPID == 0 {
+		o.sessionPID = pid
+	} else if pid != o.sessionPID {
+		// The check at connect passed, but a transaction pooler can hand
+		// the same server session back for a while: this proves it did
+		// not keep doing so.
+		o.dropAll(ctx)
+		return o.r.notSession(o.r.cfg.SessionConfig, fmt.Errorf("%w: its heartbeats ran in server sessions %d and then %d", outbox.ErrNotSession, o.sessionPID, pid))
+	}
+	o.live = live
 	if idle {
 		o.idleRefreshed = time.Now()
 	}
@@ -430,4 +459,43 @@ func (o *bucketOwner) close() {
 		_ = o.conn.Close(ctx)
 		o.conn = nil
 	}
+}
+
+// noBucketsWarnAfter is how long an instance may own no bucket while
+// events wait before it says so at WARN (or five RebalanceIntervals, if
+// shorter), and how often it says so again while that lasts.
+const noBucketsWarnAfter = 30 * time.Second
+
+// warnIfNoBuckets says at WARN when the instance has owned no bucket for
+// noBucketsWarnAfter while undelivered events wait. Owning none is normal
+// for a moment while instances come and go, and for the instances beyond
+// the 64th; for longer, the bucket locks are held by sessions that are not
+// the live relays' own lock sessions, and no one may be publishing. It
+// runs after each rebalance, on Run's goroutine.
+func (o *bucketOwner) warnIfNoBuckets(ctx context.Context) {
+	now := time.Now()
+	if len(o.owned) > 0 || o.live > numBuckets {
+		o.noBucketsSince = time.Time{}
+		return
+	}
+	if o.noBucketsSince.IsZero() {
+		o.noBucketsSince = now
+	}
+	after := min(noBucketsWarnAfter, 5*o.r.cfg.RebalanceInterval)
+	if now.Sub(o.noBucketsSince) < after || now.Sub(o.noBucketsWarned) < noBucketsWarnAfter {
+		return
+	}
+	var waiting bool
+	if err := o.r.pool.QueryRow(ctx, o.r.sql.anyUndelivered).Scan(&waiting); err != nil {
+		o.r.logError(ctx, "relay: look for undelivered events while owning no bucket", err)
+		return
+	}
+	if !waiting {
+		return
+	}
+	o.noBucketsWarned = now
+	o.r.log.WarnContext(ctx, "relay: owns no bucket while events wait to be published; their bucket locks are held by other sessions: "+
+		"if no relay of this schema owns buckets (Relay.Health), the locks are held by a session that is no live relay's, such as one a relay took "+
+		"through a transaction pooler (RelayConfig.SessionConfig must be a session of its own), which keeps them until the pooler closes it",
+		slog.Duration("for", now.Sub(o.noBucketsSince).Round(time.Second)), slog.Int("live_relays", o.live))
 }

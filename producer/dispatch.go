@@ -78,7 +78,7 @@ func ReadDispatch(ctx context.Context, db outbox.DB, schema string) (DispatchSta
 	case errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedTable:
 		return DispatchState{Mode: DispatchRelay}, nil
 	case err != nil:
-		return DispatchState{}, fmt.Errorf("producer: read dispatch mode of schema %q (did Migrate run?): %w", schema, err)
+		return DispatchState{}, fmt.Errorf("producer: read dispatch mode of schema %q (%s): %w", schema, migrateHint(err), err)
 	}
 	st.Mode = Dispatch(mode)
 	if slot != nil {

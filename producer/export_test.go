@@ -5,3 +5,11 @@ package producer
 // (int[]), the batch size, the lease in milliseconds and the bucket hashes
 // of the aggregates in flight (int[]).
 func ClaimSQL(schema string) string { return newRelaySQL(schema).claim }
+
+// BucketLockKey is the first key of the relay's bucket locks on schema
+// (pg_advisory_lock(key, bucket)), for the tests that hold buckets
+// themselves.
+func BucketLockKey(schema string) int32 { return schemaLockKey(schema) }
+
+// NumBuckets is how many buckets the relays of a schema share.
+const NumBuckets = numBuckets

@@ -83,7 +83,7 @@ func ReadHealth(ctx context.Context, db outbox.DB, schema string) (Health, error
        cdc_slot_active, cdc_retained_wal_bytes, cdc_lag_bytes FROM {schema}.health`, schema)).
 		Scan(&h.Undelivered, &oldest, &h.Dead, &mode, &slot, &h.CDCSlotActive, &retained, &lagged)
 	if err != nil {
-		return Health{}, fmt.Errorf("producer: read health (did Migrate run?): %w", err)
+		return Health{}, fmt.Errorf("producer: read health (%s): %w", migrateHint(err), err)
 	}
 	h.OldestUndelivered = time.Duration(oldest * float64(time.Second))
 	if h.Undelivered > 0 {

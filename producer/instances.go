@@ -58,7 +58,7 @@ func Instances(ctx context.Context, db outbox.DB, schema string) ([]Instance, er
 	classid := int64(uint32(schemaLockKey(schema))) //nolint:gosec // the key's bits as pg_locks shows them: wrapping is the point
 	rows, err := db.Query(ctx, qualify(instancesSQL, schema), classid, maxInstances)
 	if err != nil {
-		return nil, fmt.Errorf("producer: list relay instances (did Migrate run?): %w", err)
+		return nil, fmt.Errorf("producer: list relay instances (%s): %w", migrateHint(err), err)
 	}
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) {
 		var in Instance

@@ -2,8 +2,11 @@ package producer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/d419a114/outbox"
 )
 
 // loop is Relay.Run's state between its iterations; only Run's goroutine
@@ -32,7 +35,8 @@ type loop struct {
 	// inFlight is the batch being published and settled while the next one
 	// is claimed; only the loop starts and lands flights.
 	inFlight *flight
-	// stopped, once set, ends Run with it: the schema went to CDC mode.
+	// stopped, once set, ends Run with it: the schema went to CDC mode, or
+	// SessionConfig gives no session of its own.
 	stopped error
 }
 
@@ -91,8 +95,16 @@ func (l *loop) rebalanceIfDue(ctx context.Context) {
 		return
 	}
 	err := l.owner.rebalance(ctx, l.idle)
+	if errors.Is(err, outbox.ErrNotSession) {
+		l.r.log.ErrorContext(ctx, "relay: session connection is not a session; stopping", slog.String("error", err.Error()))
+		l.stopped = err
+		return
+	}
 	if err != nil {
 		l.r.logError(ctx, "relay: rebalance buckets, will retry", err)
+	}
+	if ctx.Err() == nil {
+		l.owner.warnIfNoBuckets(ctx)
 	}
 	if t := l.r.trace.rebalance; t != nil && ctx.Err() == nil {
 		t.TraceRebalance(ctx, len(l.owner.owned), numBuckets, err)

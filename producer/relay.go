@@ -82,8 +82,10 @@ type RelayConfig struct {
 	// process dies is noticed at the others' next rebalance, once the
 	// server ended its session; one whose host vanished (its session
 	// lingers until the server's TCP keepalive gives up) after three
-	// intervals without a heartbeat. Give every instance of one schema the
-	// same value. Default 2s.
+	// intervals without a heartbeat. An instance that owns no bucket for
+	// five intervals (at most 30s) while events wait says so at WARN, and
+	// again every 30s while that lasts. Give every instance of one schema
+	// the same value. Default 2s.
 	RebalanceInterval time.Duration
 	// Retention is how long delivered events are kept before they are
 	// pruned; negative disables pruning. Default 7 days.
@@ -93,7 +95,12 @@ type RelayConfig struct {
 	// SessionConfig is used for the two session connections a relay holds:
 	// one for LISTEN and one that holds its bucket locks and claims. Both
 	// need a real session: through PgBouncer in transaction mode, point this
-	// at the server directly. Default: the pool's connection config.
+	// at the server directly (or at a session-mode pool), and keep the pool
+	// behind the pooler. Each time the relay connects its lock session it
+	// checks that it is one (a direct connection costs one query; behind a
+	// pooler the check opens one more connection for a moment), and Run
+	// returns an error wrapping outbox.ErrNotSession when it is not.
+	// Default: the pool's connection config.
 	SessionConfig *pgx.ConnConfig
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -236,6 +243,10 @@ func setDefault[T comparable](v *T, def T) {
 // running relay whose schema is switched stops within a RebalanceInterval
 // the same way: the connector publishes, and a relay beside it would only
 // send everything twice.
+//
+// Run returns an error wrapping outbox.ErrNotSession, before it publishes
+// anything, when SessionConfig leads to a transaction pooler rather than
+// to a session of its own (see RelayConfig.SessionConfig).
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkDispatch(ctx); err != nil {
 		return err

@@ -6,6 +6,7 @@ import "github.com/d419a114/outbox/internal/tables"
 type relaySQL struct {
 	claim, heartbeat, leasedAggregates, setIdle, leave           string
 	markDelivered, release, recordFailures, moveDead, renewLease string
+	anyUndelivered                                               string
 	// addActivity and pruneActivity count the events delivered per
 	// minute, under the relay's own id so that relays never wait on one
 	// another's row (see tables.Members).
@@ -24,8 +25,10 @@ func newRelaySQL(schema string) relaySQL {
 		recordFailures:   qualify(recordFailuresSQL, schema),
 		moveDead:         qualify(moveDeadSQL, schema),
 		renewLease:       qualify(renewLeaseSQL, schema),
-		addActivity:      tables.For(schema).Members.AddActivity,
-		pruneActivity:    tables.For(schema).Members.PruneActivity,
+		// The partial index on undelivered rows answers it at once.
+		anyUndelivered: qualify(`SELECT EXISTS (SELECT 1 FROM {schema}.events WHERE published_at IS NULL)`, schema),
+		addActivity:    tables.For(schema).Members.AddActivity,
+		pruneActivity:  tables.For(schema).Members.PruneActivity,
 	}
 }
 
@@ -158,7 +161,8 @@ WHERE e.id = ANY(ARRAY(SELECT id FROM ready))
 RETURNING ` + claimedColumns + `, e.leased_until`
 
 // heartbeatSQL renews this instance's row, with the pid of the lock
-// session it runs on, and counts the live instances: those with a fresh
+// session it runs on (which it also returns, for the relay to see that it
+// stays the same), and counts the live instances: those with a fresh
 // heartbeat whose lock session still exists (a row without a pid, from a
 // relay built before migration 0006, by its heartbeat alone). Rows dead
 // for ten times the staleness are swept here too. The staleness ($4,
@@ -173,7 +177,7 @@ WITH beat AS (
 ), sweep AS (
     DELETE FROM {schema}.relays WHERE heartbeat_at < now() - 10 * $4::bigint * interval '1 millisecond' AND relay_id <> $1
 )
-SELECT 1 + count(*) FROM {schema}.relays r
+SELECT 1 + count(*), pg_backend_pid() FROM {schema}.relays r
 WHERE r.heartbeat_at > now() - $4 * interval '1 millisecond' AND r.relay_id <> $1
   AND (r.session_pid IS NULL OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session_pid))`
 

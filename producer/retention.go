@@ -114,7 +114,7 @@ func Prune(ctx context.Context, db outbox.DB, cfg *PruneConfig) (PruneResult, er
 	err := db.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)`,
 		qualify("{schema}.events", c.Schema)).Scan(&partitioned)
 	if err != nil {
-		return res, fmt.Errorf("producer: prune: find events table in schema %q (did Migrate run?): %w", c.Schema, err)
+		return res, fmt.Errorf("producer: prune: find events table in schema %q (%s): %w", c.Schema, migrateHint(err), err)
 	}
 	cutoff := time.Now().Add(-c.Retention)
 	table := "events"

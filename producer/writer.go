@@ -395,7 +395,9 @@ const sqlstateNumericValueOutOfRange = "22003"
 
 // writeErr explains an error of Write's statement. The statement's only
 // arithmetic is on sequences, so a value out of range (SQLSTATE 22003) is
-// a sequence that would pass the largest bigint.
+// a sequence that would pass the largest bigint. A prepared statement that
+// does not exist or already exists (26000, 42P05) is pgx's statement cache
+// behind a transaction pooler: the error names the fix.
 func writeErr(err error, events []Event) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == sqlstateNumericValueOutOfRange {
@@ -420,6 +422,9 @@ func writeErr(err error, events []Event) error {
 	}
 	if errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("producer: insert events: the transaction was already committed or rolled back: %w", err)
+	}
+	if isStatementCacheErr(err) {
+		return fmt.Errorf("producer: insert events: %s: %w", statementCacheFix, err)
 	}
 	return fmt.Errorf("producer: insert events: %w", err)
 }
