@@ -83,6 +83,8 @@ type Processor struct {
 	// BatchTracer.
 	tracer      Tracer
 	batchTracer BatchTracer
+	// requests tunes ServeRequests; the zero value is production's.
+	requests requestTuning
 }
 
 // Handle returns a Processor that applies records for the consumer name
