@@ -541,3 +541,56 @@ func TestRequestClaims(t *testing.T) {
 		require.Equal(t, map[string]int{"requested": 1, "applied": 1, "cancelled": 1}, auditOutcomes(t, b.db, id))
 	})
 }
+
+// TestServeRequestsStopsWithinShutdownGrace: the action in flight when
+// ServeRequests' ctx ends gets ShutdownGrace, then its ctx is cancelled;
+// the request is left for another process, which finishes it exactly.
+func TestServeRequestsStopsWithinShutdownGrace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, nil)
+	e := newEffects(t, db)
+	cfg := fastConfig(db, 1)
+	cfg.RequestPoll, cfg.ShutdownGrace = 20*time.Millisecond, 200*time.Millisecond
+	for _, agg := range []string{"a", "b", "c"} {
+		p, err := consumer.Handle(db.Pool, "svc", e, cfg)
+		require.NoError(t, err)
+		e.setFail(agg, consumer.Permanent(errBroken))
+		processAll(t, p, 1, rec(agg, 1, agg+"1"))
+		e.setFail(agg, nil)
+	}
+	g := newGate(e, "b1", true)
+	t.Cleanup(g.open)
+	first, err := consumer.Handle(db.Pool, "svc", g, cfg)
+	require.NoError(t, err)
+	ops := operator.New(&operator.Config{Schema: db.Schema})
+	id, err := ops.Submit(ctx, db.Pool, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true})
+	require.NoError(t, err)
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- first.ServeRequests(sctx) }()
+	<-g.entered
+	stop()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("ServeRequests waited past ShutdownGrace for the action in flight")
+	}
+	r := requestRow(t, db, id)
+	require.Equal(t, operator.Running, r.Status)
+	require.EqualValues(t, 1, r.Progress.Applied)
+
+	second, err := consumer.Handle(db.Pool, "svc", e, cfg)
+	require.NoError(t, err)
+	serve(t, second)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	r, err = ops.Wait(wctx, db.Pool, id, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, operator.Done, r.Status, r.Error)
+	require.Equal(t, operator.Progress{Matched: 3, Applied: 3}, r.Progress)
+	for _, agg := range []string{"a", "b", "c"} {
+		require.Equal(t, []int64{1}, e.seqs(t, agg))
+	}
+}
