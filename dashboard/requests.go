@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -93,4 +94,32 @@ func (d *Dashboard) audit(w http.ResponseWriter, r *http.Request) {
 	}
 	data.Entries = es
 	d.render(w, r, "audit", "Audit log", &data)
+}
+
+// cancelRequest cancels a pending or running request (the form on its
+// page) and shows the request's page again.
+func (d *Dashboard) cancelRequest(w http.ResponseWriter, r *http.Request) {
+	actor, ok := d.authorizePost(w, r)
+	if !ok {
+		return
+	}
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		d.fail(w, r, http.StatusBadRequest, errors.New("dashboard: request id "+strconv.Quote(r.PathValue("id"))+" is not a number"))
+		return
+	}
+	_, err = d.ops.Cancel(operator.WithActor(r.Context(), actor), d.pool, id)
+	switch {
+	case errors.Is(err, operator.ErrNotFound):
+		d.fail(w, r, http.StatusNotFound, err)
+		return
+	case errors.Is(err, operator.ErrFinished):
+		d.fail(w, r, http.StatusConflict, err)
+		return
+	case err != nil:
+		d.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	d.log.InfoContext(r.Context(), "dashboard: operator request cancelled", slog.Int64("request_id", id), slog.String("actor", actor))
+	http.Redirect(w, r, d.cfg.Prefix+"/requests/"+itoa(id), http.StatusSeeOther)
 }
