@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -110,8 +111,11 @@ func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int,
 		if err != nil || !ok {
 			return err
 		}
-		n, err = p.drain(ctx, tx, agg)
-		return err
+		if n, err = p.drain(ctx, tx, agg); err != nil || n == 0 {
+			return err
+		}
+		// Draining after an operator request's letter counts for it.
+		return p.countRequest(ctx, tx, operator.Progress{Drained: int64(n)})
 	})
 	if err != nil {
 		return 0, fmt.Errorf("consumer: drain parked records of %s: %w", agg, err)

@@ -89,6 +89,8 @@ type Processor struct {
 	// applied counts the records applied through Process and
 	// ProcessBatch, drained ones included.
 	applied atomic.Int64
+	// requests tunes ServeRequests; the zero value is production's.
+	requests requestTuning
 }
 
 // Handle returns a Processor that applies records for the consumer name

@@ -1,10 +1,15 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/consumer"
@@ -231,4 +236,361 @@ func TestRequests(t *testing.T) {
 		require.Equal(t, operator.Entry{ID: es[0].ID, At: es[0].At, Actor: "bob", Consumer: "svc", Action: operator.Discard,
 			LetterID: letters[0].ID, AggregateType: "order", AggregateID: "a", Outcome: "discarded", Detail: "drained 0"}, es[0])
 	})
+}
+
+// gate blocks the handler at the first record of one key until released
+// (or, when it heeds its ctx, until the handler's ctx ends), and then runs
+// next. It records the server pid of the transaction it blocks.
+type gate struct {
+	next      consumer.Handler
+	key       string
+	heedCtx   bool
+	entered   chan struct{}
+	release   chan struct{}
+	returned  chan struct{}
+	blocked   atomic.Bool
+	pid       atomic.Uint32
+	closeOnce sync.Once
+}
+
+func newGate(next consumer.Handler, key string, heedCtx bool) *gate {
+	return &gate{next: next, key: key, heedCtx: heedCtx, entered: make(chan struct{}), release: make(chan struct{}), returned: make(chan struct{})}
+}
+
+func (g *gate) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	if m.IdempotencyKey == g.key && g.blocked.CompareAndSwap(false, true) {
+		var pid uint32
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		g.pid.Store(pid)
+		close(g.entered)
+		defer close(g.returned)
+		if g.heedCtx {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-g.release:
+			}
+		} else {
+			<-g.release
+		}
+	}
+	return g.next.Handle(ctx, tx, m)
+}
+
+// open releases the gate; it may be called more than once.
+func (g *gate) open() { g.closeOnce.Do(func() { close(g.release) }) }
+
+// stall is a heartbeat hook that blocks every renewal until released or
+// until the heartbeat's ctx ends: a process paused as a whole.
+type stall struct {
+	release   chan struct{}
+	closeOnce sync.Once
+}
+
+func newStall() *stall { return &stall{release: make(chan struct{})} }
+
+func (s *stall) beat(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-s.release:
+	}
+}
+
+func (s *stall) open() { s.closeOnce.Do(func() { close(s.release) }) }
+
+// requestRow is what the test reads of request id straight from its row.
+func requestRow(t *testing.T, db *pgtest.DB, id int64) *operator.Request {
+	t.Helper()
+	r, err := operator.New(&operator.Config{Schema: db.Schema}).Get(context.Background(), db.Pool, id)
+	require.NoError(t, err)
+	return r
+}
+
+// leaseRunOut waits until request id's lease has run out.
+func leaseRunOut(t *testing.T, db *pgtest.DB, id int64) {
+	t.Helper()
+	eventually.True(t, 20*time.Second, func() bool {
+		var out bool
+		require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT lease_until < now() FROM `+db.Table("operator_requests")+` WHERE id = $1`, id).Scan(&out))
+		return out
+	}, "the lease of request %d runs out", id)
+}
+
+// auditOutcomes counts request id's audit rows by outcome.
+func auditOutcomes(t *testing.T, db *pgtest.DB, id int64) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	for _, e := range audit(t, db, id) {
+		n[e.Outcome]++
+	}
+	return n
+}
+
+// logBuffer is a slog handler's output that tests read while others write.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestRequestClaims: the lease of a request is renewed by a heartbeat
+// while it is carried out, every write of it is fenced by the claim, and
+// what it did is counted exactly whoever carries it to its end.
+func TestRequestClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const lease = 300 * time.Millisecond
+	type bundle struct {
+		db *pgtest.DB
+		e  *effects
+	}
+	setup := func(t *testing.T, aggs ...string) *bundle {
+		t.Helper()
+		db := pgtest.New(t, nil)
+		e := newEffects(t, db)
+		p, err := consumer.Handle(db.Pool, "svc", e, fastConfig(db, 1))
+		require.NoError(t, err)
+		for _, agg := range aggs {
+			e.setFail(agg, consumer.Permanent(errBroken))
+			processAll(t, p, 1, rec(agg, 1, agg+"1"))
+			e.setFail(agg, nil)
+		}
+		return &bundle{db: db, e: e}
+	}
+	// processor is a process of consumer svc with handler h, claiming
+	// under lease with beat before each renewal; its log goes to log.
+	processor := func(t *testing.T, b *bundle, h consumer.Handler, beat func(context.Context), log *logBuffer) *consumer.Processor {
+		t.Helper()
+		cfg := fastConfig(b.db, 1)
+		cfg.RequestPoll = 20 * time.Millisecond
+		if log != nil {
+			cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
+		}
+		p, err := consumer.Handle(b.db.Pool, "svc", h, cfg)
+		require.NoError(t, err)
+		consumer.SetRequestLease(p, lease, beat)
+		return p
+	}
+	submit := func(t *testing.T, b *bundle, r *operator.Request) int64 {
+		t.Helper()
+		id, err := operator.New(&operator.Config{Schema: b.db.Schema}).Submit(ctx, b.db.Pool, r)
+		require.NoError(t, err)
+		return id
+	}
+	wait := func(t *testing.T, b *bundle, id int64) *operator.Request {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		r, err := operator.New(&operator.Config{Schema: b.db.Schema}).Wait(wctx, b.db.Pool, id, 10*time.Millisecond)
+		require.NoError(t, err)
+		return r
+	}
+	// serveOne runs consumer.ServeOne in the background; its result
+	// comes on the channel.
+	serveOne := func(p *consumer.Processor) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := consumer.ServeOne(p, ctx)
+			done <- err
+		}()
+		return done
+	}
+
+	t.Run("TheHeartbeatKeepsTheLeaseThroughALongAction", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "a")
+		g := newGate(b.e, "a1", false)
+		first := processor(t, b, g, nil, nil)
+		t.Cleanup(g.open)
+		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true})
+		done := serveOne(first)
+		<-g.entered
+		// A second process looks for requests all along; the first's
+		// action lasts many leases.
+		serve(t, processor(t, b, b.e, nil, nil))
+		started := requestRow(t, b.db, id).StartedAt
+		eventually.True(t, 20*time.Second, func() bool { return time.Since(*started) > 5*lease }, "five leases pass")
+		var live bool
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT lease_until > now() FROM `+b.db.Table("operator_requests")+` WHERE id = $1`, id).Scan(&live))
+		require.True(t, live, "the lease was renewed while the action ran")
+		g.open()
+		require.NoError(t, <-done)
+		r := wait(t, b, id)
+		require.Equal(t, operator.Done, r.Status, r.Error)
+		require.EqualValues(t, 1, r.Claim, "nobody else took it up")
+		require.Equal(t, operator.Progress{Matched: 1, Applied: 1}, r.Progress)
+		require.Equal(t, 2, b.e.callsOf("a1"), "once failing, once replayed")
+	})
+
+	t.Run("TheHeartbeatKeepsTheLeaseThroughRatesPause", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "a", "b")
+		first := processor(t, b, b.e, nil, nil)
+		// Two letters at 0.5 a second: a pause of 2 s, many leases.
+		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true, Rate: 0.5})
+		done := serveOne(first)
+		serve(t, processor(t, b, b.e, nil, nil))
+		require.NoError(t, <-done)
+		r := requestRow(t, b.db, id)
+		require.Equal(t, operator.Done, r.Status, r.Error)
+		require.EqualValues(t, 1, r.Claim, "nobody else took it up")
+		require.Equal(t, operator.Progress{Matched: 2, Applied: 2}, r.Progress)
+		require.Equal(t, 2, b.e.callsOf("a1"), "once failing, once replayed")
+		require.Equal(t, 2, b.e.callsOf("b1"), "once failing, once replayed")
+	})
+
+	t.Run("AProcessThatStalledPastItsLeaseWritesNothingAfterATakeover", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "a", "b", "c")
+		g, st, log := newGate(b.e, "b1", false), newStall(), &logBuffer{}
+		first := processor(t, b, g, st.beat, log)
+		t.Cleanup(func() { g.open(); st.open() })
+		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true})
+		done := serveOne(first)
+		// The first process applies a1, then stalls as a whole inside
+		// the action of b1, past its lease.
+		<-g.entered
+		leaseRunOut(t, b.db, id)
+		serve(t, processor(t, b, b.e, nil, nil))
+		eventually.True(t, 20*time.Second, func() bool { return requestRow(t, b.db, id).Claim == 2 }, "the second process takes the request up")
+		// The second waits for b1's letter, which the first's transaction
+		// holds; the first wakes up and must not commit it.
+		g.open()
+		st.open()
+		require.NoError(t, <-done)
+		r := wait(t, b, id)
+		require.Equal(t, operator.Done, r.Status, r.Error)
+		require.EqualValues(t, 2, r.Claim)
+		require.Equal(t, operator.Progress{Matched: 3, Applied: 3}, r.Progress)
+		for _, agg := range []string{"a", "b", "c"} {
+			require.Equal(t, []int64{1}, b.e.seqs(t, agg))
+		}
+		require.Equal(t, map[string]int{"requested": 1, "applied": 3}, auditOutcomes(t, b.db, id), "the first wrote no audit row of its failed action")
+		require.Equal(t, r, requestRow(t, b.db, id), "the first wrote nothing after the takeover")
+		require.Contains(t, log.String(), "another process took over the operator request")
+		require.Contains(t, log.String(), "level=WARN")
+	})
+
+	t.Run("ProgressIsExactAfterATakeoverFromADeadProcess", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "a", "b", "c", "d", "e")
+		g, st := newGate(b.e, "c1", false), newStall()
+		first := processor(t, b, g, st.beat, nil)
+		t.Cleanup(func() { g.open(); st.open() })
+		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true})
+		done := serveOne(first)
+		// The first process applies a1 and b1 and dies inside the action
+		// of c1: its heartbeat stops, and the server rolls back its
+		// transaction as it would for a SIGKILLed client.
+		<-g.entered
+		_, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(g.pid.Load()))
+		require.NoError(t, err)
+		leaseRunOut(t, b.db, id)
+		serve(t, processor(t, b, b.e, nil, nil))
+		r := wait(t, b, id)
+		require.Equal(t, operator.Done, r.Status, r.Error)
+		require.Equal(t, operator.Progress{Matched: 5, Applied: 5}, r.Progress, "what the first did is counted")
+		for _, agg := range []string{"a", "b", "c", "d", "e"} {
+			require.Equal(t, []int64{1}, b.e.seqs(t, agg))
+		}
+		require.Equal(t, map[string]int{"requested": 1, "applied": 5}, auditOutcomes(t, b.db, id))
+		// The dead process's remains change nothing.
+		g.open()
+		st.open()
+		require.NoError(t, <-done)
+		require.Equal(t, r, requestRow(t, b.db, id))
+	})
+
+	t.Run("ACancelStopsTheCarrierBeforeItsNextAction", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, "a", "b", "c")
+		g := newGate(b.e, "b1", false)
+		first := processor(t, b, g, nil, nil)
+		t.Cleanup(g.open)
+		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true})
+		done := serveOne(first)
+		<-g.entered
+		c, err := operator.New(&operator.Config{Schema: b.db.Schema}).Cancel(operator.WithActor(ctx, "erin"), b.db.Pool, id)
+		require.NoError(t, err)
+		require.Equal(t, operator.Cancelled, c.Status)
+		require.Equal(t, operator.Progress{Matched: 3, Applied: 1}, c.Progress)
+		// b1's action, in flight at the cancel, rolls back; c1 is never
+		// tried.
+		g.open()
+		require.NoError(t, <-done)
+		r := requestRow(t, b.db, id)
+		require.Equal(t, operator.Cancelled, r.Status)
+		require.Equal(t, operator.Progress{Matched: 3, Applied: 1}, r.Progress)
+		require.Equal(t, []int64{1}, b.e.seqs(t, "a"))
+		require.Empty(t, b.e.seqs(t, "b"))
+		require.Empty(t, b.e.seqs(t, "c"))
+		require.Equal(t, 1, b.e.callsOf("c1"), "only its first failure")
+		require.Equal(t, map[string]int{"requested": 1, "applied": 1, "cancelled": 1}, auditOutcomes(t, b.db, id))
+	})
+}
+
+// TestServeRequestsStopsWithinShutdownGrace: the action in flight when
+// ServeRequests' ctx ends gets ShutdownGrace, then its ctx is cancelled;
+// the request is left for another process, which finishes it exactly.
+func TestServeRequestsStopsWithinShutdownGrace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, nil)
+	e := newEffects(t, db)
+	cfg := fastConfig(db, 1)
+	cfg.RequestPoll, cfg.ShutdownGrace = 20*time.Millisecond, 200*time.Millisecond
+	for _, agg := range []string{"a", "b", "c"} {
+		p, err := consumer.Handle(db.Pool, "svc", e, cfg)
+		require.NoError(t, err)
+		e.setFail(agg, consumer.Permanent(errBroken))
+		processAll(t, p, 1, rec(agg, 1, agg+"1"))
+		e.setFail(agg, nil)
+	}
+	g := newGate(e, "b1", true)
+	t.Cleanup(g.open)
+	first, err := consumer.Handle(db.Pool, "svc", g, cfg)
+	require.NoError(t, err)
+	ops := operator.New(&operator.Config{Schema: db.Schema})
+	id, err := ops.Submit(ctx, db.Pool, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true})
+	require.NoError(t, err)
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- first.ServeRequests(sctx) }()
+	<-g.entered
+	stop()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("ServeRequests waited past ShutdownGrace for the action in flight")
+	}
+	r := requestRow(t, db, id)
+	require.Equal(t, operator.Running, r.Status)
+	require.EqualValues(t, 1, r.Progress.Applied)
+
+	second, err := consumer.Handle(db.Pool, "svc", e, cfg)
+	require.NoError(t, err)
+	serve(t, second)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	r, err = ops.Wait(wctx, db.Pool, id, 10*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, operator.Done, r.Status, r.Error)
+	require.Equal(t, operator.Progress{Matched: 3, Applied: 3}, r.Progress)
+	for _, agg := range []string{"a", "b", "c"} {
+		require.Equal(t, []int64{1}, e.seqs(t, agg))
+	}
 }

@@ -63,11 +63,14 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 			r.Attempts = 1
 		}
 		res = r
-		outcome := "applied"
+		outcome, delta := "applied", operator.Progress{Applied: 1, Drained: int64(r.Drained)}
 		if r.Outcome == Duplicate {
-			outcome = "duplicate"
+			outcome, delta = "duplicate", operator.Progress{Duplicates: 1, Drained: int64(r.Drained)}
 		}
-		return p.audit(ctx, tx, e, outcome, drainedDetail(r.Drained))
+		if err := p.audit(ctx, tx, e, outcome, drainedDetail(r.Drained)); err != nil {
+			return err
+		}
+		return p.countRequest(ctx, tx, delta)
 	})
 	if err != nil {
 		p.auditFailure(ctx, e, err)
@@ -92,7 +95,10 @@ func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 		if err := p.discard(ctx, tx, id, l, &drained); err != nil {
 			return err
 		}
-		return p.audit(ctx, tx, e, "discarded", drainedDetail(drained))
+		if err := p.audit(ctx, tx, e, "discarded", drainedDetail(drained)); err != nil {
+			return err
+		}
+		return p.countRequest(ctx, tx, operator.Progress{Discarded: 1, Drained: int64(drained)})
 	})
 	if err != nil {
 		p.auditFailure(ctx, e, err)
@@ -183,7 +189,10 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 		if found.DeadLetterID != 0 {
 			detail += fmt.Sprintf(", stopped at dead letter %d", found.DeadLetterID)
 		}
-		return p.audit(ctx, tx, e, "resolved", detail)
+		if err := p.audit(ctx, tx, e, "resolved", detail); err != nil {
+			return err
+		}
+		return p.countRequest(ctx, tx, operator.Progress{Drained: int64(n)})
 	})
 	if err != nil {
 		p.auditFailure(ctx, e, err)

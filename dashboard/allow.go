@@ -7,13 +7,19 @@ import (
 	"github.com/d419a114/outbox/operator"
 )
 
+// CancelAction is Act.Action for the cancel of an operator request.
+const CancelAction operator.Action = "cancel"
+
 // Act is an action an actor asks the dashboard to carry out, as
 // Config.Allow sees it: what, and on what.
 type Act struct {
 	// Action is operator.Replay, Discard or ResolveGap for a consumer's
 	// letters or gap (carried out as an operator request), or
-	// operator.ReplayEvent or DiscardEvent for a producer dead event.
+	// operator.ReplayEvent or DiscardEvent for a producer dead event, or
+	// CancelAction for the cancel of request RequestID.
 	Action operator.Action
+	// RequestID is the request a cancel is for.
+	RequestID int64
 	// Consumer is the consumer of a request; "" for a dead event.
 	Consumer string
 	// LetterID is the one letter of a single replay or discard;

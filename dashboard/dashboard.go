@@ -211,6 +211,7 @@ func (d *Dashboard) routes() *http.ServeMux {
 	m.HandleFunc("POST /consumers/{consumer}/requests", d.submit)
 	m.HandleFunc("GET /requests", d.requests)
 	m.HandleFunc("GET /requests/{id}", d.request)
+	m.HandleFunc("POST /requests/{id}/cancel", d.cancelRequest)
 	m.HandleFunc("GET /audit", d.audit)
 	return m
 }

@@ -2,6 +2,8 @@ package dashboard
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -93,4 +95,36 @@ func (d *Dashboard) audit(w http.ResponseWriter, r *http.Request) {
 	}
 	data.Entries = es
 	d.render(w, r, "audit", "Audit log", &data)
+}
+
+// cancelRequest cancels a pending or running request (the form on its
+// page) and shows the request's page again.
+func (d *Dashboard) cancelRequest(w http.ResponseWriter, r *http.Request) {
+	actor, ok := d.authorizePost(w, r)
+	if !ok {
+		return
+	}
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		d.fail(w, r, http.StatusBadRequest, errors.New("dashboard: request id "+strconv.Quote(r.PathValue("id"))+" is not a number"))
+		return
+	}
+	if err := d.allow(r, actor, Act{Action: CancelAction, RequestID: id}); err != nil {
+		d.fail(w, r, http.StatusForbidden, fmt.Errorf("dashboard: %s may not cancel request %d: %w", actor, id, err))
+		return
+	}
+	_, err = d.ops.Cancel(operator.WithActor(r.Context(), actor), d.pool, id)
+	switch {
+	case errors.Is(err, operator.ErrNotFound):
+		d.fail(w, r, http.StatusNotFound, err)
+		return
+	case errors.Is(err, operator.ErrFinished):
+		d.fail(w, r, http.StatusConflict, err)
+		return
+	case err != nil:
+		d.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	d.log.InfoContext(r.Context(), "dashboard: operator request cancelled", slog.Int64("request_id", id), slog.String("actor", actor))
+	http.Redirect(w, r, d.cfg.Prefix+"/requests/"+itoa(id), http.StatusSeeOther)
 }

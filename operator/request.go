@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
@@ -52,6 +53,18 @@ const (
 	// Failed is a request that could not be carried out at all; Error
 	// says why.
 	Failed Status = "failed"
+	// Cancelled is a request an operator cancelled (Store.Cancel) before
+	// it ended. Progress counts what was done before the cancel; nothing
+	// is done after it.
+	Cancelled Status = "cancelled"
+)
+
+// The accepted range of Request.Rate, in letters per second: 0 is no
+// bound; any other rate must lie from MinRate (one letter every 1000 s)
+// to MaxRate.
+const (
+	MinRate float64 = 0.001
+	MaxRate float64 = 10000
 )
 
 // Request is an operator's request to a consumer.
@@ -69,7 +82,9 @@ type Request struct {
 	// All must be set for a bulk request with an empty filter: it acts on
 	// every open letter of the consumer. It is not stored.
 	All bool
-	// Rate bounds a bulk request in letters per second; zero is no bound.
+	// Rate bounds a bulk request in letters per second: 0 is no bound,
+	// and any other value must lie from MinRate to MaxRate (Submit
+	// refuses NaN, infinities, negatives and rates outside the range).
 	Rate        float64
 	RequestedBy string
 	RequestedAt time.Time
@@ -81,9 +96,18 @@ type Request struct {
 	// Error is why it failed, or the first letter's error for a request
 	// that is done with Progress.Failed above zero.
 	Error string
+	// Claim counts the times a process took the request up (Claim). The
+	// process that claimed it last writes under this number, and its
+	// writes fail with ErrClaimLost once another process has claimed it
+	// again.
+	Claim int64
 }
 
-// Progress counts what a request did so far.
+// Progress counts what a request did so far. Applied, Duplicates,
+// Discarded and Drained are written in the transaction of the action they
+// count (Store.Count), so they are exact whatever happens to the process
+// carrying the request out; Matched, Failed and Skipped count the current
+// (or last) process's run and are written as it goes (Report, Finish).
 type Progress struct {
 	// Matched counts the letters it set out to act on.
 	Matched int64
@@ -98,8 +122,11 @@ type Progress struct {
 	Drained int64
 }
 
-// Finished reports whether the request has ended, done or failed.
-func (r *Request) Finished() bool { return r.Status == Done || r.Status == Failed }
+// Finished reports whether the request has ended: done, failed or
+// cancelled.
+func (r *Request) Finished() bool {
+	return r.Status == Done || r.Status == Failed || r.Status == Cancelled
+}
 
 // Config tunes a Store. The zero value is valid.
 type Config struct {
@@ -152,8 +179,9 @@ func (r *Request) validate() error {
 	default:
 		return fmt.Errorf("operator: unknown action %q; want replay, discard or resolve_gap: %w", r.Action, ErrInvalid)
 	}
-	if r.Rate < 0 {
-		return fmt.Errorf("operator: negative rate %v: %w", r.Rate, ErrInvalid)
+	// Written so that NaN, which compares false with everything, fails.
+	if r.Rate != 0 && !(r.Rate >= MinRate && r.Rate <= MaxRate) {
+		return fmt.Errorf("operator: Rate %v letters per second is out of range; want 0 (no bound) or %g to %g: %w", r.Rate, MinRate, MaxRate, ErrInvalid)
 	}
 	return nil
 }
@@ -289,10 +317,14 @@ func (s *Store) Wait(ctx context.Context, db outbox.DB, id int64, poll time.Dura
 }
 
 // Claim takes up consumer's oldest request that is pending, or running
-// under a lease that ran out (its process died), marks it running under a
-// lease of lease, and returns it; nil when there is none. Two processes of
-// one consumer never claim the same request. The process must Report
-// within lease, and Finish it.
+// under a lease that ran out (its process died or stalled), marks it
+// running under a lease of lease, raises its Claim, and returns it; nil
+// when there is none. Two processes of one consumer never claim the same
+// request. The process must Renew the lease well within lease for as long
+// as it carries the request out (a heartbeat), write each action's count
+// in the action's transaction (Count), and Finish it. All of these are
+// fenced by r.Claim: once another process has claimed the request, they
+// fail with ErrClaimLost and write nothing.
 func (s *Store) Claim(ctx context.Context, db outbox.DB, consumer string, lease time.Duration) (*Request, error) {
 	rs, err := s.query(ctx, db, s.sql.claim, consumer, lease.Seconds())
 	if err != nil {
@@ -304,29 +336,131 @@ func (s *Store) Claim(ctx context.Context, db outbox.DB, consumer string, lease 
 	return rs[0], nil
 }
 
-// Report writes r's progress and error and renews its lease for lease.
-func (s *Store) Report(ctx context.Context, db outbox.DB, r *Request, lease time.Duration) error {
-	p := &r.Progress
-	if _, err := db.Exec(ctx, s.sql.report, r.ID, lease.Seconds(), p.Matched, p.Applied, p.Duplicates, p.Discarded,
-		p.Failed, p.Skipped, p.Drained, tables.Filter(r.Error)); err != nil {
-		return fmt.Errorf("operator: report request %d: %w", r.ID, err)
+// Renew extends the lease of r, which the caller claimed, to lease from
+// now. It fails with ErrCancelled when r was cancelled, and with
+// ErrClaimLost when another process claimed it meanwhile.
+func (s *Store) Renew(ctx context.Context, db outbox.DB, r *Request, lease time.Duration) error {
+	tag, err := db.Exec(ctx, s.sql.renew, r.ID, r.Claim, lease.Seconds())
+	if err != nil {
+		return fmt.Errorf("operator: renew the lease of request %d: %w", r.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return s.fenced(ctx, db, r)
 	}
 	return nil
 }
 
-// Finish writes r's progress and error and ends it: Done, or Failed when
-// failed is set.
+// Count adds delta's Applied, Duplicates, Discarded and Drained to r's
+// progress (its other fields are ignored) and sets r.Progress's four to
+// the sums. Call it in the transaction of the action it counts, so that
+// the count stands or falls with the action: the counts stay exact
+// whatever happens to the process. It fails with ErrCancelled or
+// ErrClaimLost (see Renew), and then the caller must roll the action
+// back.
+func (s *Store) Count(ctx context.Context, db outbox.DB, r *Request, delta Progress) error {
+	p := &r.Progress
+	err := db.QueryRow(ctx, s.sql.count, r.ID, r.Claim, delta.Applied, delta.Duplicates, delta.Discarded, delta.Drained).
+		Scan(&p.Applied, &p.Duplicates, &p.Discarded, &p.Drained)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s.fenced(ctx, db, r)
+	}
+	if err != nil {
+		return fmt.Errorf("operator: count the progress of request %d: %w", r.ID, err)
+	}
+	return nil
+}
+
+// Report writes r's Matched, Failed, Skipped and Error and renews its
+// lease for lease from now; a lease of 0 gives the request up, to be
+// claimed again at once. It fails as Renew does.
+func (s *Store) Report(ctx context.Context, db outbox.DB, r *Request, lease time.Duration) error {
+	p := &r.Progress
+	tag, err := db.Exec(ctx, s.sql.report, r.ID, r.Claim, lease.Seconds(), p.Matched, p.Failed, p.Skipped, tables.Filter(r.Error))
+	if err != nil {
+		return fmt.Errorf("operator: report request %d: %w", r.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return s.fenced(ctx, db, r)
+	}
+	return nil
+}
+
+// Finish writes r's Matched, Failed, Skipped and Error and ends it: Done,
+// or Failed when failed is set; a request cancelled meanwhile stays
+// Cancelled. r.Status and r.Progress are then as stored. It fails with
+// ErrClaimLost when another process claimed r meanwhile.
 func (s *Store) Finish(ctx context.Context, db outbox.DB, r *Request, failed bool) error {
-	r.Status = Done
+	status := Done
 	if failed {
-		r.Status = Failed
+		status = Failed
 	}
 	p := &r.Progress
-	if _, err := db.Exec(ctx, s.sql.finish, r.ID, string(r.Status), p.Matched, p.Applied, p.Duplicates, p.Discarded,
-		p.Failed, p.Skipped, p.Drained, tables.Filter(r.Error)); err != nil {
+	err := db.QueryRow(ctx, s.sql.finish, r.ID, r.Claim, string(status), p.Matched, p.Failed, p.Skipped, tables.Filter(r.Error)).
+		Scan(&r.Status, &p.Applied, &p.Duplicates, &p.Discarded, &p.Drained)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s.fenced(ctx, db, r)
+	}
+	if err != nil {
 		return fmt.Errorf("operator: finish request %d: %w", r.ID, err)
 	}
 	return nil
+}
+
+// fenced is the error of a fenced write of r that touched no row: r was
+// cancelled, or claimed by another process.
+func (s *Store) fenced(ctx context.Context, db outbox.DB, r *Request) error {
+	var (
+		status Status
+		claim  int64
+	)
+	if err := db.QueryRow(ctx, s.sql.fence, r.ID).Scan(&status, &claim); err != nil {
+		return fmt.Errorf("operator: request %d: read its claim: %w", r.ID, err)
+	}
+	if status == Cancelled {
+		return fmt.Errorf("operator: request %d: %w", r.ID, ErrCancelled)
+	}
+	return fmt.Errorf("operator: request %d is claim %d now, not %d, and %s: %w", r.ID, claim, r.Claim, status, ErrClaimLost)
+}
+
+// Cancel ends request id, pending or running, as Cancelled and writes
+// its audit row, with Actor(ctx) as who cancelled it; it returns the
+// request as cancelled. A request that has ended already is left as it is
+// and the error wraps ErrFinished; an unknown id gives ErrNotFound.
+//
+// After Cancel returns, no further action of the request takes effect:
+// each action counts itself in its own transaction, under a check that
+// the request is still running, so an action in flight either committed
+// before the cancel (and is counted) or rolls back. The process carrying
+// the request out stops before its next action.
+func (s *Store) Cancel(ctx context.Context, db outbox.DB, id int64) (*Request, error) {
+	var r *Request
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var was Status
+		// FOR UPDATE waits for an action that has counted itself to
+		// commit, so that it is counted before the cancel.
+		if err := tx.QueryRow(ctx, s.sql.lockStatus, id).Scan(&was); errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("operator: request %d: %w", id, ErrNotFound)
+		} else if err != nil {
+			return err
+		}
+		if was != Pending && was != Running {
+			return fmt.Errorf("operator: request %d is %s already; there is nothing to cancel: %w", id, was, ErrFinished)
+		}
+		rs, err := s.query(ctx, tx, s.sql.cancel, id)
+		if err != nil {
+			return err
+		}
+		r = rs[0]
+		return s.Record(ctx, tx, &Entry{Actor: Actor(ctx), Consumer: r.Consumer, Action: r.Action, RequestID: id, LetterID: r.LetterID,
+			AggregateType: r.Letters.AggregateType, AggregateID: r.Letters.AggregateID, Outcome: "cancelled", Detail: "was " + string(was)})
+	})
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrFinished) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("operator: cancel request %d: %w", id, err)
+	}
+	return r, nil
 }
 
 // query runs sql and reads the requests it returns.
@@ -346,7 +480,7 @@ func (s *Store) query(ctx context.Context, db outbox.DB, sql string, args ...any
 		p := &r.Progress
 		err := row.Scan(&r.ID, &r.Consumer, &r.Action, &letter, &topic, &aggType, &aggID, &reason, &failure, &after, &before,
 			&rate, &r.RequestedBy, &r.RequestedAt, &r.Status, &r.StartedAt, &r.FinishedAt,
-			&p.Matched, &p.Applied, &p.Duplicates, &p.Discarded, &p.Failed, &p.Skipped, &p.Drained, &errText)
+			&p.Matched, &p.Applied, &p.Duplicates, &p.Discarded, &p.Failed, &p.Skipped, &p.Drained, &errText, &r.Claim)
 		if err != nil {
 			return nil, err
 		}

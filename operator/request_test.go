@@ -2,6 +2,7 @@ package operator_test
 
 import (
 	"context"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/operator"
 )
@@ -25,7 +27,6 @@ func TestSubmit(t *testing.T) {
 		"UnknownAction":       {Consumer: "svc", Action: "redo", LetterID: 1},
 		"BulkWithoutFilter":   {Consumer: "svc", Action: operator.Discard},
 		"GapWithoutAggregate": {Consumer: "svc", Action: operator.ResolveGap},
-		"NegativeRate":        {Consumer: "svc", Action: operator.Replay, All: true, Rate: -1},
 	} {
 		_, err := ops.Submit(ctx, db.Pool, r)
 		require.ErrorIs(t, err, operator.ErrInvalid, name)
@@ -133,8 +134,7 @@ func TestClaim(t *testing.T) {
 		require.NoError(t, err)
 		r, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
 		require.NoError(t, err)
-		r.Progress.Applied = 3
-		require.NoError(t, ops.Report(ctx, db.Pool, r, time.Hour))
+		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return ops.Count(ctx, tx, r, operator.Progress{Applied: 3}) }))
 		again, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
 		require.NoError(t, err)
 		require.Nil(t, again, "held under a live lease")
@@ -181,4 +181,215 @@ func assertNoError(t *testing.T, err error) bool {
 		return false
 	}
 	return true
+}
+
+func TestSubmitRate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, nil)
+	ops := operator.New(&operator.Config{Schema: db.Schema})
+	for _, tc := range []struct {
+		name string
+		rate float64
+		ok   bool
+	}{
+		{"NoBound", 0, true},
+		{"Min", operator.MinRate, true},
+		{"One", 1, true},
+		{"Max", operator.MaxRate, true},
+		// 1e-10 made the pause between letters overflow into none at all.
+		{"Tiny", 1e-10, false},
+		{"BelowMin", operator.MinRate / 2, false},
+		{"AboveMax", operator.MaxRate * 2, false},
+		{"Negative", -1, false},
+		{"NaN", math.NaN(), false},
+		{"Inf", math.Inf(1), false},
+		{"NegativeInf", math.Inf(-1), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ops.Submit(ctx, db.Pool, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true, Rate: tc.rate})
+			if tc.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, operator.ErrInvalid)
+			require.ErrorContains(t, err, "Rate")
+			require.ErrorContains(t, err, "want 0 (no bound) or 0.001 to 10000")
+		})
+	}
+}
+
+func TestFencing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	setup := func(t *testing.T) (*operator.Store, *pgtest.DB, int64) {
+		t.Helper()
+		db := pgtest.New(t, nil)
+		ops := operator.New(&operator.Config{Schema: db.Schema})
+		id, err := ops.Submit(ctx, db.Pool, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true})
+		require.NoError(t, err)
+		return ops, db, id
+	}
+	count := func(t *testing.T, ops *operator.Store, db *pgtest.DB, r *operator.Request, delta operator.Progress) error {
+		t.Helper()
+		return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return ops.Count(ctx, tx, r, delta) })
+	}
+
+	t.Run("ATakeoverFencesOutTheFirstClaim", func(t *testing.T) {
+		t.Parallel()
+		ops, db, id := setup(t)
+		first, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, first.Claim)
+		require.NoError(t, count(t, ops, db, first, operator.Progress{Applied: 1, Drained: 2}))
+		require.Equal(t, operator.Progress{Applied: 1, Drained: 2}, first.Progress)
+		require.NoError(t, ops.Renew(ctx, db.Pool, first, -time.Second)) // it stalls: its lease runs out
+
+		second, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, id, second.ID)
+		require.EqualValues(t, 2, second.Claim)
+		require.Equal(t, operator.Progress{Applied: 1, Drained: 2}, second.Progress, "what the first did is kept")
+
+		// Every write of the first now touches nothing.
+		first.Progress.Failed, first.Error = 7, "stale"
+		require.ErrorIs(t, ops.Renew(ctx, db.Pool, first, time.Hour), operator.ErrClaimLost)
+		require.ErrorIs(t, count(t, ops, db, first, operator.Progress{Applied: 1}), operator.ErrClaimLost)
+		require.ErrorIs(t, ops.Report(ctx, db.Pool, first, time.Hour), operator.ErrClaimLost)
+		require.ErrorIs(t, ops.Finish(ctx, db.Pool, first, true), operator.ErrClaimLost)
+
+		require.NoError(t, count(t, ops, db, second, operator.Progress{Duplicates: 1}))
+		second.Progress.Matched = 2
+		require.NoError(t, ops.Finish(ctx, db.Pool, second, false))
+		got, err := ops.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		require.Equal(t, operator.Done, got.Status)
+		require.Equal(t, operator.Progress{Matched: 2, Applied: 1, Duplicates: 1, Drained: 2}, got.Progress)
+		require.Empty(t, got.Error)
+		require.ErrorIs(t, ops.Renew(ctx, db.Pool, second, time.Hour), operator.ErrClaimLost, "a finished request has no lease")
+	})
+
+	t.Run("ACountRolledBackWithItsActionCountsNothing", func(t *testing.T) {
+		t.Parallel()
+		ops, db, id := setup(t)
+		r, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
+		require.NoError(t, err)
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, ops.Count(ctx, tx, r, operator.Progress{Applied: 1}))
+		require.NoError(t, tx.Rollback(ctx))
+		got, err := ops.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		require.Zero(t, got.Progress.Applied)
+	})
+
+	t.Run("AGivenUpRequestIsClaimedAgainAtOnce", func(t *testing.T) {
+		t.Parallel()
+		ops, db, id := setup(t)
+		r, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
+		require.NoError(t, err)
+		require.NoError(t, ops.Report(ctx, db.Pool, r, 0))
+		again, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
+		require.NoError(t, err)
+		require.NotNil(t, again)
+		require.Equal(t, id, again.ID)
+	})
+}
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	setup := func(t *testing.T) (*operator.Store, *pgtest.DB, int64) {
+		t.Helper()
+		db := pgtest.New(t, nil)
+		ops := operator.New(&operator.Config{Schema: db.Schema})
+		id, err := ops.Submit(ctx, db.Pool, &operator.Request{Consumer: "svc", Action: operator.Discard, All: true})
+		require.NoError(t, err)
+		return ops, db, id
+	}
+
+	t.Run("APendingRequestIsNeverClaimed", func(t *testing.T) {
+		t.Parallel()
+		ops, db, id := setup(t)
+		r, err := ops.Cancel(operator.WithActor(ctx, "dave"), db.Pool, id)
+		require.NoError(t, err)
+		require.Equal(t, operator.Cancelled, r.Status)
+		require.True(t, r.Finished())
+		require.NotNil(t, r.FinishedAt)
+		none, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
+		require.NoError(t, err)
+		require.Nil(t, none)
+		es, err := ops.Audit(ctx, db.Pool, &operator.AuditOpts{RequestID: id})
+		require.NoError(t, err)
+		require.Len(t, es, 2)
+		require.Equal(t, operator.Entry{ID: es[0].ID, At: es[0].At, Actor: "dave", Consumer: "svc", Action: operator.Discard, RequestID: id,
+			Outcome: "cancelled", Detail: "was pending"}, es[0])
+	})
+
+	t.Run("ARunningRequestsCarrierIsStopped", func(t *testing.T) {
+		t.Parallel()
+		ops, db, id := setup(t)
+		r, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
+		require.NoError(t, err)
+		// An action counted before the cancel: Cancel waits for it to
+		// commit, and it stays counted.
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, ops.Count(ctx, tx, r, operator.Progress{Discarded: 1, Drained: 1}))
+		cancelled := make(chan *operator.Request, 1)
+		go func() {
+			c, err := ops.Cancel(ctx, db.Pool, id)
+			assertNoError(t, err)
+			cancelled <- c
+		}()
+		waitForLock(t, db)
+		require.NoError(t, tx.Commit(ctx))
+		c := <-cancelled
+		require.Equal(t, operator.Cancelled, c.Status)
+		require.Equal(t, operator.Progress{Discarded: 1, Drained: 1}, c.Progress)
+
+		// The carrier's next renewal or count says so; its Finish keeps
+		// the request cancelled and adds its run's counts.
+		require.ErrorIs(t, ops.Renew(ctx, db.Pool, r, time.Hour), operator.ErrCancelled)
+		require.ErrorIs(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			return ops.Count(ctx, tx, r, operator.Progress{Discarded: 1})
+		}), operator.ErrCancelled)
+		r.Progress.Matched, r.Progress.Skipped = 3, 1
+		require.NoError(t, ops.Finish(ctx, db.Pool, r, false))
+		require.Equal(t, operator.Cancelled, r.Status)
+		got, err := ops.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		require.Equal(t, operator.Cancelled, got.Status)
+		require.Equal(t, operator.Progress{Matched: 3, Discarded: 1, Skipped: 1, Drained: 1}, got.Progress)
+		es, err := ops.Audit(ctx, db.Pool, &operator.AuditOpts{RequestID: id})
+		require.NoError(t, err)
+		require.Equal(t, "was running", es[0].Detail)
+	})
+
+	t.Run("AFinishedOrUnknownRequestIsRefused", func(t *testing.T) {
+		t.Parallel()
+		ops, db, id := setup(t)
+		r, err := ops.Claim(ctx, db.Pool, "svc", time.Hour)
+		require.NoError(t, err)
+		require.NoError(t, ops.Finish(ctx, db.Pool, r, false))
+		_, err = ops.Cancel(ctx, db.Pool, id)
+		require.ErrorIs(t, err, operator.ErrFinished)
+		require.ErrorContains(t, err, "is done already")
+		_, err = ops.Cancel(ctx, db.Pool, id+100)
+		require.ErrorIs(t, err, operator.ErrNotFound)
+		got, err := ops.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		require.Equal(t, operator.Done, got.Status)
+	})
+}
+
+// waitForLock waits until a statement on db's schema waits for a lock.
+func waitForLock(t *testing.T, db *pgtest.DB) {
+	t.Helper()
+	eventually.True(t, 10*time.Second, func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, db.Schema).Scan(&n))
+		return n > 0
+	}, "a statement on %s waits for a lock", db.Schema)
 }

@@ -298,8 +298,9 @@ func (e *env) submit(ctx context.Context, r *operator.Request) error {
 		printOutcome(e, got)
 	}
 	switch {
-	case err != nil && got != nil && !got.Finished():
-		return withCode(exitPending, fmt.Errorf("request %d is still %s after -wait %s; follow it with outbox requests -consumer %s", id, got.Status, e.wait, r.Consumer))
+	case err != nil && ctx.Err() == nil && wctx.Err() != nil && (got == nil || !got.Finished()):
+		// -wait ran out, before or after the first read of the request.
+		return withCode(exitPending, fmt.Errorf("request %d is not done after -wait %s; follow it with outbox requests -consumer %s", id, e.wait, r.Consumer))
 	case err != nil:
 		return err
 	case got.Status == operator.Failed:

@@ -9,6 +9,7 @@
 //	outbox letters list|show|replay|discard a consumer's dead letters
 //	outbox gaps list|resolve                a consumer's open gaps
 //	outbox requests [-consumer C]           operator requests and their outcome
+//	outbox requests cancel ID               cancel a pending or running request
 //	outbox dashboard [-listen 127.0.0.1:8080]
 //
 // Replaying or discarding a consumer's letters, and resolving its gaps,
@@ -65,6 +66,7 @@ const usage = `usage:
   outbox gaps list [-consumer C] [-o table|json]
   outbox gaps resolve -consumer C -aggregate-type T -aggregate-id ID [-wait D] [-by NAME]
   outbox requests [-consumer C] [-limit N] [-o table|json]
+  outbox requests cancel [-by NAME] ID
   outbox dashboard [-listen 127.0.0.1:8080]
 FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failure F -since D -until D
   (-since/-until: a duration ago, such as 2h, or an RFC 3339 time)
@@ -200,6 +202,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		cmd, args = cmd+" "+args[0], args[1:]
 	}
+	// requests lists without a verb, and cancels with one.
+	if cmd == "requests" && len(args) > 0 && args[0] == "cancel" {
+		cmd, args = "requests cancel", args[1:]
+	}
 	o, err := parse(cmd, args)
 	if errors.Is(err, flag.ErrHelp) {
 		_, err := fmt.Fprintln(out, usage)
@@ -283,6 +289,7 @@ var handlers = map[string]func(context.Context, *env) error{
 	"gaps list":       gapsList,
 	"gaps resolve":    gapResolve,
 	"requests":        requests,
+	"requests cancel": requestCancel,
 	"dashboard":       serveDashboard,
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -70,4 +71,27 @@ func filterText(r *operator.Request) string {
 		parts = append(parts, "-until "+l.FailedBefore.UTC().Format(time.RFC3339))
 	}
 	return strings.Join(parts, " ")
+}
+
+// requestCancel cancels the pending or running request named by its one
+// argument.
+func requestCancel(ctx context.Context, e *env) error {
+	if len(e.args) != 1 {
+		return usageError("requests cancel takes one request id")
+	}
+	id, err := strconv.ParseInt(e.args[0], 10, 64)
+	if err != nil {
+		return usageError("requests cancel: request id %q is not a number", e.args[0])
+	}
+	r, err := e.operator().Cancel(operator.WithActor(ctx, e.by), e.pool, id)
+	switch {
+	case errors.Is(err, operator.ErrNotFound):
+		return withCode(exitNotFound, err)
+	case errors.Is(err, operator.ErrFinished):
+		return withCode(exitFailed, err)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(e.out, "request %d cancelled; applied %d, discarded %d before the cancel\n", r.ID, r.Progress.Applied, r.Progress.Discarded)
+	return nil
 }
