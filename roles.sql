@@ -12,13 +12,13 @@
 -- Migrate and SetDispatch stay with the owner: they create and alter the
 -- tables. No role here can.
 --
--- Partitioned layout (migrate -partition-by-day): rows reach the day
--- partitions through the events table, and privileges on it are what
--- count there, so partitions created later need no grants (and no ALTER
--- DEFAULT PRIVILEGES). Creating and dropping partitions, though, needs the
--- events table's owner: run the relay's pruning (RelayConfig.Retention)
--- with the owner's role, or set Retention negative in the relays that run
--- as {relay} and run producer.Prune from a job that logs in as the owner.
+-- Partitioned layout (migrate -partition-by-day): writers, relays and
+-- operators reach the day partitions through the events table, whose
+-- privileges are what count there, so partitions created later need no
+-- grants and no ALTER DEFAULT PRIVILEGES. Pruning is the exception: it
+-- creates, empties and drops partitions, which needs the events table's
+-- owner. Set RelayConfig.Retention negative in relays that run as {relay}
+-- and run producer.Prune from a job that logs in as the owner.
 
 DO $roles$
 DECLARE
@@ -40,7 +40,7 @@ GRANT USAGE ON SCHEMA {schema} TO {writer}, {relay}, {consumer}, {operator}, {da
 -- grant, the look at relays does.
 GRANT SELECT, INSERT, UPDATE ON {schema}.sequences TO {writer};
 GRANT SELECT, INSERT ON {schema}.events TO {writer};
-GRANT SELECT ON {schema}.relays, {schema}.dispatch TO {writer};
+GRANT SELECT ON {schema}.relays TO {writer};
 
 -- relay: producer.Relay. It registers itself in relays, claims, marks and
 -- dead-letters events (dead_events, retrying_events), prunes what is
@@ -49,7 +49,7 @@ GRANT SELECT ON {schema}.relays, {schema}.dispatch TO {writer};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays TO {relay};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.events TO {relay};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.dead_events, {schema}.retrying_events TO {relay};
-GRANT SELECT ON {schema}.dispatch, {schema}.sequences, {schema}.health TO {relay};
+GRANT SELECT ON {schema}.dispatch, {schema}.health TO {relay};
 
 -- consumer: consumer.Consumer. Its dedupe keys, positions, parked records
 -- and dead letters are its own; it claims the operator requests addressed
@@ -69,7 +69,7 @@ GRANT SELECT, INSERT ON {schema}.operator_audit TO {operator};
 GRANT USAGE ON SEQUENCE {schema}.operator_requests_id_seq, {schema}.operator_audit_id_seq TO {operator};
 GRANT SELECT, UPDATE ON {schema}.dead_events TO {operator};
 GRANT SELECT, INSERT ON {schema}.events TO {operator};
-GRANT SELECT ON {schema}.health, {schema}.dispatch, {schema}.relays, {schema}.sequences TO {operator};
+GRANT SELECT ON {schema}.health TO {operator};
 
 -- dashboard: package dashboard served read-only (outbox dashboard). It
 -- reads every table and writes nothing.

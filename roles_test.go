@@ -56,8 +56,17 @@ func TestRolesSQLRefusesBadSchemas(t *testing.T) {
 // component needs and the script does not grant fails its step.
 func TestRoles(t *testing.T) {
 	t.Parallel()
+	for _, partitioned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("partitioned=%v", partitioned), func(t *testing.T) {
+			t.Parallel()
+			testRoles(t, partitioned)
+		})
+	}
+}
+
+func testRoles(t *testing.T, partitioned bool) {
 	ctx := context.Background()
-	db := pgtest.New(t, nil)
+	db := pgtest.New(t, &pgtest.Opts{PartitionEventsByDay: partitioned})
 	sql, err := outbox.RolesSQL(db.Schema)
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, sql)
@@ -112,7 +121,18 @@ func TestRoles(t *testing.T) {
 	}), "writer")
 
 	// relay: delivers them to the broker.
-	relay, err := producer.NewRelay(relayPool, broker.Client(t), &producer.RelayConfig{Schema: db.Schema, Logger: quietLogger})
+	relayCfg := &producer.RelayConfig{Schema: db.Schema, Logger: quietLogger}
+	if partitioned {
+		// Pruning day partitions needs the owner (roles.sql says so).
+		relayCfg.Retention = -1
+		_, err := producer.Prune(ctx, relayPool, &producer.PruneConfig{Schema: db.Schema})
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "42501", pgErr.Code, "insufficient_privilege: %v", err)
+		_, err = producer.Prune(ctx, db.Pool, &producer.PruneConfig{Schema: db.Schema})
+		require.NoError(t, err)
+	}
+	relay, err := producer.NewRelay(relayPool, broker.Client(t), relayCfg)
 	require.NoError(t, err)
 	runCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
