@@ -44,9 +44,44 @@ type DispatchConfig struct {
 	// exist, so that every event written after the switch is in its
 	// stream; the health view reports its state.
 	Slot string
+	// Wait makes a switch back to DispatchRelay wait, until ctx ends, for
+	// the connector to stream what was written in CDC mode, instead of
+	// returning a *SlotLagError at once. Default false.
+	Wait bool
+	// MaxWriterBlock bounds how long one attempt of a waiting switch back
+	// holds writers off while it waits for the slot's last confirmation;
+	// then it lets them on, waits for the connector again and retries.
+	// Set it above the Connect worker's offset.flush.interval.ms (Debezium
+	// confirms its position when Connect commits offsets). Default 5s.
+	MaxWriterBlock time.Duration
+	// SkipSlotCheck switches back to DispatchRelay without asking the slot
+	// whether the connector streamed every event written in CDC mode: for
+	// a slot that is gone. Events it had not streamed are never published.
+	// Default false.
+	SkipSlotCheck bool
 	// Logger receives one line when the mode changes. Default
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// SlotLagError is returned by SetDispatch when a switch back to
+// DispatchRelay finds events written in CDC mode that the connector has
+// not streamed yet: a relay publishing newer events of their aggregates
+// before them would reorder the topic. Nothing changed. It is retryable:
+// keep the connector running and call again, or set DispatchConfig.Wait.
+type SlotLagError struct {
+	// Slot is the connector's replication slot.
+	Slot string
+	// Pending is how many events the slot has not confirmed.
+	Pending int64
+	// LagBytes is how far the slot's confirmed position is behind the
+	// switch point, in bytes of WAL.
+	LagBytes int64
+}
+
+func (e *SlotLagError) Error() string {
+	return fmt.Sprintf("producer: SetDispatch: replication slot %q has not confirmed %d events written in CDC mode (%d bytes of WAL behind the switch point); a relay would publish newer events before them. Keep the connector running and call again, or set DispatchConfig.Wait with a ctx deadline to wait for it; Debezium confirms an event only after it sends a later record, so give it heartbeat.interval.ms (docs/cdc.md)",
+		e.Slot, e.Pending, e.LagBytes)
 }
 
 // DispatchState is a schema's dispatch mode, as ReadDispatch returns it.
@@ -109,10 +144,19 @@ const sqlstateUndefinedTable = "42P01"
 // RebalanceInterval of the switch.
 //
 // Switching back to DispatchRelay drops the default: events written from
-// then on wait for a relay. Keep the connector running until a relay runs,
-// so that the events it has not streamed yet are not stranded (it sends
-// them, and the relay sends the new ones; duplicates are absorbed), then
-// delete the connector and drop its slot, which otherwise holds WAL back.
+// then on wait for a relay. It first makes sure the connector has streamed
+// every event written in CDC mode, or a relay could publish an aggregate's
+// next event before them: it locks the events table against writes and
+// asks the slot (through a temporary copy, which needs the REPLICATION
+// attribute) whether an event inserted before that point lies past its
+// confirmed position. If one does it returns a *SlotLagError and changes
+// nothing, or, with cfg.Wait, waits for the connector until ctx ends (see
+// DispatchConfig.MaxWriterBlock). Debezium confirms an event only after it
+// sent a later record: configure heartbeats (docs/cdc.md). A slot that is
+// gone is refused unless cfg.SkipSlotCheck. Keep the connector running
+// until a relay runs (it also streams the new events; duplicates are
+// absorbed), then delete it and drop its slot, which otherwise holds WAL
+// back.
 func SetDispatch(ctx context.Context, db outbox.DB, mode Dispatch, cfg *DispatchConfig) error {
 	c := DispatchConfig{}
 	if cfg != nil {
@@ -132,18 +176,76 @@ func SetDispatch(ctx context.Context, db outbox.DB, mode Dispatch, cfg *Dispatch
 	if mode == DispatchCDC && c.Slot == "" {
 		return errors.New("producer: SetDispatch: DispatchCDC needs DispatchConfig.Slot, the connector's replication slot (Debezium's slot.name)")
 	}
+	if c.MaxWriterBlock <= 0 {
+		c.MaxWriterBlock = 5 * time.Second
+	}
+	for {
+		// The slot is asked first without the lock, so that a long
+		// decode (a connector far behind) never holds writers off.
+		if mode == DispatchRelay && !c.SkipSlotCheck {
+			if err := waitSlot(ctx, db, &c); err != nil {
+				return err
+			}
+		}
+		current, err := setDispatch(ctx, db, mode, &c)
+		var lag *SlotLagError
+		if !errors.As(err, &lag) || !c.Wait {
+			if err == nil {
+				c.Logger.InfoContext(ctx, "producer: dispatch mode set", slog.String("schema", c.Schema),
+					slog.String("from", current), slog.String("to", string(mode)), slog.String("slot", c.Slot))
+			}
+			return err
+		}
+	}
+}
+
+// setDispatch is one attempt of SetDispatch; it returns the mode it found.
+//
+// A switch back from CDC must not let the relay publish an event before
+// the connector has streamed the older events of its aggregate. Writers
+// and the switch are ordered by the events table's lock:
+//
+//  1. The switch takes EXCLUSIVE on the events table before anything
+//     else. Every writer holds ROW EXCLUSIVE from its INSERT to its
+//     commit, so the lock waits for the CDC-mode writes in flight and
+//     keeps new ones out.
+//  2. pg_current_wal_lsn() now lies past the commit of every event written
+//     in CDC mode: that is the switch point.
+//  3. The slot is asked (slotPending) whether an insert before the switch
+//     point lies past its confirmed position. If one does, the attempt
+//     rolls back and nothing changed; writers go on in CDC mode.
+//  4. Otherwise the default of published_at is dropped and the mode set,
+//     under the same lock. Writers blocked in 1 resume after the commit
+//     with the new default (PostgreSQL rereads the table's definition
+//     after it takes the lock), so their events wait for the relay,
+//     which sees them only after every CDC-mode event was streamed.
+func setDispatch(ctx context.Context, db outbox.DB, mode Dispatch, c *DispatchConfig) (string, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("producer: SetDispatch: begin: %w", err)
+		return "", fmt.Errorf("producer: SetDispatch: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var current string
-	if err := tx.QueryRow(ctx, qualify(`SELECT mode FROM {schema}.dispatch FOR UPDATE`, c.Schema)).Scan(&current); err != nil {
-		return fmt.Errorf("producer: SetDispatch: read the mode of schema %q (run Migrate first: the mode came with migration 0008): %w", c.Schema, err)
+	// A plain read first: a row lock assigns a transaction id, after which
+	// slotPending could not create its temporary slot.
+	var current, slotName *string
+	if err := tx.QueryRow(ctx, qualify(`SELECT mode, slot_name FROM {schema}.dispatch`, c.Schema)).Scan(&current, &slotName); err != nil {
+		return "", fmt.Errorf("producer: SetDispatch: read the mode of schema %q (run Migrate first: the mode came with migration 0008): %w", c.Schema, err)
+	}
+	if mode == DispatchRelay && *current == string(DispatchCDC) && !c.SkipSlotCheck {
+		if err := checkSwitchBack(ctx, tx, c, *slotName); err != nil {
+			return "", err
+		}
+	}
+	var locked string
+	if err := tx.QueryRow(ctx, qualify(`SELECT mode FROM {schema}.dispatch FOR UPDATE`, c.Schema)).Scan(&locked); err != nil {
+		return "", fmt.Errorf("producer: SetDispatch: lock the mode of schema %q: %w", c.Schema, err)
+	}
+	if locked != *current {
+		return "", fmt.Errorf("producer: SetDispatch: the mode of schema %q changed from %s to %s during the switch; call again", c.Schema, *current, locked)
 	}
 	if mode == DispatchCDC {
 		if err := checkCDCReady(ctx, tx, c.Schema, c.Slot); err != nil {
-			return err
+			return "", err
 		}
 	}
 	stmt := `ALTER TABLE {schema}.events ALTER COLUMN published_at DROP DEFAULT`
@@ -153,17 +255,155 @@ func SetDispatch(ctx context.Context, db outbox.DB, mode Dispatch, cfg *Dispatch
 		slot = c.Slot
 	}
 	if _, err := tx.Exec(ctx, qualify(stmt, c.Schema)); err != nil {
-		return fmt.Errorf("producer: SetDispatch: set the default of published_at (needs the events table's owner): %w", err)
+		return "", fmt.Errorf("producer: SetDispatch: set the default of published_at (needs the events table's owner): %w", err)
 	}
 	if _, err := tx.Exec(ctx, qualify(`UPDATE {schema}.dispatch SET mode = $1, slot_name = $2, changed_at = now()`, c.Schema), string(mode), slot); err != nil {
-		return fmt.Errorf("producer: SetDispatch: record the mode: %w", err)
+		return "", fmt.Errorf("producer: SetDispatch: record the mode: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("producer: SetDispatch: commit: %w", err)
+		return "", fmt.Errorf("producer: SetDispatch: commit: %w", err)
 	}
-	c.Logger.InfoContext(ctx, "producer: dispatch mode set", slog.String("schema", c.Schema),
-		slog.String("from", current), slog.String("to", string(mode)), slog.String("slot", c.Slot))
-	return nil
+	return *current, nil
+}
+
+// checkSwitchBack runs steps 1 to 3 of setDispatch's switch back in tx.
+// With DispatchConfig.Wait it holds the lock while the slot catches up,
+// for at most MaxWriterBlock: under steady writes the connector's
+// confirmed position trails by an offset flush, and without the lock new
+// CDC-mode writes would keep it trailing for ever.
+func checkSwitchBack(ctx context.Context, tx pgx.Tx, c *DispatchConfig, slot string) error {
+	if _, err := tx.Exec(ctx, qualify(`LOCK TABLE {schema}.events IN EXCLUSIVE MODE`, c.Schema)); err != nil {
+		return fmt.Errorf("producer: SetDispatch: lock the events table: %w", err)
+	}
+	var target string
+	if err := tx.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		return fmt.Errorf("producer: SetDispatch: read the switch point: %w", err)
+	}
+	lag, err := slotPending(ctx, tx, c.Schema, slot, target)
+	switch {
+	case err != nil:
+		return err
+	case lag == nil:
+		return nil
+	case !c.Wait:
+		return lag
+	}
+	blockCtx, cancel := context.WithTimeout(ctx, c.MaxWriterBlock)
+	defer cancel()
+	tick := time.NewTicker(slotPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-blockCtx.Done():
+			return lag
+		case <-tick.C:
+		}
+		if lag, err = slotPending(ctx, tx, c.Schema, slot, target); err != nil || lag == nil {
+			return err
+		}
+	}
+}
+
+// slotPoll is how often a waiting switch back asks the slot.
+const slotPoll = 100 * time.Millisecond
+
+// waitSlot asks the slot, without blocking writers, whether it has
+// confirmed every event inserted before the current WAL position, when the
+// schema is in CDC mode. If it has not, it returns the *SlotLagError, or
+// with DispatchConfig.Wait asks again until it has or ctx ends.
+func waitSlot(ctx context.Context, db outbox.DB, c *DispatchConfig) error {
+	tick := time.NewTicker(slotPoll)
+	defer tick.Stop()
+	var last *SlotLagError
+	for {
+		lag, err := func() (*SlotLagError, error) {
+			tx, err := db.Begin(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("producer: SetDispatch: begin: %w", err)
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			var mode, slot *string
+			if err := tx.QueryRow(ctx, qualify(`SELECT mode, slot_name FROM {schema}.dispatch`, c.Schema)).Scan(&mode, &slot); err != nil {
+				return nil, fmt.Errorf("producer: SetDispatch: read the mode of schema %q (run Migrate first: the mode came with migration 0008): %w", c.Schema, err)
+			}
+			if *mode != string(DispatchCDC) {
+				return nil, nil
+			}
+			return slotPending(ctx, tx, c.Schema, *slot, "")
+		}()
+		switch {
+		case err != nil && last != nil && ctx.Err() != nil:
+			return fmt.Errorf("%w (waiting: %w)", last, ctx.Err())
+		case err != nil:
+			return err
+		case lag == nil:
+			return nil
+		case !c.Wait:
+			return lag
+		}
+		if last == nil {
+			c.Logger.InfoContext(ctx, "producer: waiting for the CDC connector before switching back to the relay",
+				slog.String("schema", c.Schema), slog.String("slot", lag.Slot), slog.Int64("pending", lag.Pending), slog.Int64("lag_bytes", lag.LagBytes))
+		}
+		last = lag
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (waiting: %w)", lag, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// slotPending returns a *SlotLagError when the slot has not confirmed an
+// insert into the events table that committed before target (a WAL
+// position; "" is the current one), and nil when it has.
+//
+// The slot's confirmed_flush_lsn alone does not say: Debezium confirms
+// the position stored with the last record Connect committed, which lies
+// before the end of that record's transaction, and nothing past it while
+// the published tables are idle, so comparing it with target would wait
+// for ever. Instead a temporary copy
+// of the slot decodes what lies between its confirmed position and
+// target through the same publications (pgoutput, as the connector), and
+// the inserts after the confirmed position are what the connector has not
+// streamed. A copy is read, not the slot, which the connector holds; it
+// needs the REPLICATION attribute, and tx must not have written.
+func slotPending(ctx context.Context, tx pgx.Tx, schema, slot, target string) (*SlotLagError, error) {
+	var pubs *string
+	if err := tx.QueryRow(ctx, `SELECT string_agg(quote_ident(pubname), ',') FROM pg_publication_tables WHERE schemaname = $1 AND tablename = 'events'`, schema).Scan(&pubs); err != nil {
+		return nil, fmt.Errorf("producer: SetDispatch: look up the publication of the events table: %w", err)
+	}
+	if pubs == nil {
+		return nil, fmt.Errorf("producer: SetDispatch: the events table is in no publication, so whether the connector streamed the events written in CDC mode cannot be checked; restore the publication, or set DispatchConfig.SkipSlotCheck to switch back unchecked")
+	}
+	var copyName, confirmed string
+	err := tx.QueryRow(ctx, `
+SELECT c.slot_name::text, s.confirmed_flush_lsn::text
+FROM pg_replication_slots s,
+     pg_copy_logical_replication_slot(s.slot_name, 'outbox_switch_back_' || pg_backend_pid(), true, 'pgoutput') c
+WHERE s.slot_name = $1 AND s.database = current_database()`, slot).Scan(&copyName, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("producer: SetDispatch: replication slot %q is gone, so whether the connector streamed every event written in CDC mode cannot be checked; set DispatchConfig.SkipSlotCheck to switch back unchecked (events it had not streamed are never published)", slot)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("producer: SetDispatch: copy replication slot %q to read what it has not confirmed (needs the REPLICATION attribute): %w", slot, err)
+	}
+	defer func() { _, _ = tx.Exec(context.WithoutCancel(ctx), `SELECT pg_drop_replication_slot($1)`, copyName) }()
+	// Inserts only: the connector ignores deletes (Prune) and the rest.
+	// 'I' is pgoutput's insert message; lsn is the change's own position.
+	lag := &SlotLagError{Slot: slot}
+	err = tx.QueryRow(ctx, `
+SELECT count(*) FILTER (WHERE get_byte(data, 0) = ascii('I') AND lsn > $4::pg_lsn),
+       greatest(pg_wal_lsn_diff(coalesce(nullif($2, '')::pg_lsn, pg_current_wal_lsn()), $4::pg_lsn), 0)::bigint
+FROM pg_logical_slot_peek_binary_changes($1, coalesce(nullif($2, '')::pg_lsn, pg_current_wal_lsn()), NULL,
+     'proto_version', '1', 'publication_names', $3)`, copyName, target, *pubs, confirmed).Scan(&lag.Pending, &lag.LagBytes)
+	if err != nil {
+		return nil, fmt.Errorf("producer: SetDispatch: decode what replication slot %q has not confirmed: %w", slot, err)
+	}
+	if lag.Pending == 0 {
+		return nil, nil
+	}
+	return lag, nil
 }
 
 // checkCDCReady checks, inside SetDispatch's transaction, what the switch

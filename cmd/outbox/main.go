@@ -3,6 +3,7 @@
 //
 //	outbox migrate [-schema outbox] [-partition-by-day]
 //	outbox sql                              print the migrations, in order
+//	outbox sql -roles [-schema outbox]      print the least-privilege roles
 //	outbox health [-o table|json]           the producer's backlog
 //	outbox dead list|replay|discard         the producer's dead events
 //	outbox consumers [-o table|json]        what each consumer set aside
@@ -54,7 +55,7 @@ func main() {
 
 const usage = `usage:
   outbox migrate [-schema outbox] [-partition-by-day]
-  outbox sql
+  outbox sql [-roles]
   outbox health [-o table|json]
   outbox dead list [-status dead|replayed|discarded|all] [-aggregate-type T] [-aggregate-id ID] [-o table|json]
   outbox dead replay|discard ID
@@ -83,7 +84,7 @@ func usageError(format string, args ...any) error {
 // opts are the command line's flags; each command reads those it needs.
 type opts struct {
 	database, schema, format string
-	partition                bool
+	partition, roles         bool
 	status                   string
 	consumer, topic, reason  string
 	aggType, aggID, failure  string
@@ -108,6 +109,7 @@ func parse(cmd string, args []string) (*opts, error) {
 	fs.StringVar(&o.schema, "schema", outbox.DefaultSchema, "schema of the outbox tables")
 	fs.StringVar(&o.format, "o", "table", "output: table or json")
 	fs.BoolVar(&o.partition, "partition-by-day", false, "migrate: create the events table partitioned by day")
+	fs.BoolVar(&o.roles, "roles", false, "sql: print the least-privilege roles of -schema instead of the migrations")
 	fs.StringVar(&o.status, "status", "dead", "dead, replayed, discarded or all")
 	fs.StringVar(&o.consumer, "consumer", "", "the consumer")
 	fs.StringVar(&o.topic, "topic", "", "only letters of this topic")
@@ -213,6 +215,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if err != nil {
 		return err
+	}
+	if cmd == "sql" && o.roles {
+		return printRoles(out, o.schema)
 	}
 	if cmd == "sql" {
 		return printSQL(out)

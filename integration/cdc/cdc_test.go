@@ -285,7 +285,12 @@ func TestSetDispatchChecks(t *testing.T) {
 			require.Greater(t, h.CDCRetainedWALBytes, int64(64<<10))
 			require.Greater(t, h.CDCLagBytes, int64(64<<10))
 
-			// And back.
+			// And back, once the slot confirmed what was written in CDC
+			// mode (TestSwitchBackChecksSlot covers the refusal).
+			var lag *producer.SlotLagError
+			require.ErrorAs(t, producer.SetDispatch(ctx, db.Pool, producer.DispatchRelay, &producer.DispatchConfig{Schema: db.Schema, Logger: quiet}), &lag)
+			_, err = db.Pool.Exec(ctx, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
+			require.NoError(t, err)
 			require.NoError(t, producer.SetDispatch(ctx, db.Pool, producer.DispatchRelay, &producer.DispatchConfig{Schema: db.Schema, Logger: quiet}))
 			require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 				_, err := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}).Write(ctx, tx,

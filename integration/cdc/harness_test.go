@@ -135,6 +135,9 @@ func newCDC(t testing.TB, w *world, partitions int32, opts *pgtest.Opts) *cdc {
 	require.NoError(t, err)
 	t.Cleanup(c.teardown)
 	c.config = c.connectorConfig()
+	// The connector's heartbeats (heartbeat.interval.ms) go to this topic;
+	// the broker creates no topic by itself.
+	createTopic(t, w.broker, 1, "__debezium-heartbeat."+c.name)
 	c.register()
 	require.NoError(t, producer.SetDispatch(ctx, db.Pool, producer.DispatchCDC, &producer.DispatchConfig{Schema: db.Schema, Slot: c.slot, Logger: quiet}))
 	c.writer = producer.NewWriter(&producer.WriterConfig{Schema: db.Schema, CDC: true, Topic: c.topic})
@@ -291,7 +294,13 @@ func (w *world) worker(t testing.TB, sub string) (time.Duration, string) {
 // topic creates a topic, retrying while the broker is unreachable.
 func topic(t testing.TB, b *kafkatest.Broker, partitions int32) string {
 	t.Helper()
-	name := fmt.Sprintf("cdc-%d", time.Now().UnixNano())
+	return createTopic(t, b, partitions, fmt.Sprintf("cdc-%d", time.Now().UnixNano()))
+}
+
+// createTopic creates the named topic, retrying while the broker is
+// unreachable.
+func createTopic(t testing.TB, b *kafkatest.Broker, partitions int32, name string) string {
+	t.Helper()
 	adm := kadm.NewClient(b.Client(t))
 	var last error
 	eventually.True(t, 2*time.Minute, func() bool {
