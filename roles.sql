@@ -33,6 +33,9 @@ END
 $roles$;
 
 GRANT USAGE ON SCHEMA {schema} TO {writer}, {relay}, {consumer}, {operator}, {dashboard};
+-- Every component but the writer checks at start that the schema is
+-- migrated (outbox.CheckMigrated).
+GRANT SELECT ON {schema}.schema_versions TO {relay}, {consumer}, {operator}, {dashboard};
 
 -- writer: producer.Writer.Write. It numbers each aggregate's events in
 -- sequences (an upsert that returns the number), inserts the events (and
@@ -50,6 +53,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays TO {relay};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.events TO {relay};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.dead_events, {schema}.retrying_events TO {relay};
 GRANT SELECT ON {schema}.dispatch, {schema}.health TO {relay};
+-- It counts the events it delivered per minute (and prunes old minutes).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.activity TO {relay};
 
 -- consumer: consumer.Consumer. Its dedupe keys, positions, parked records
 -- and dead letters are its own; it claims the operator requests addressed
@@ -58,6 +63,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.processed_keys, {schema}.positi
 GRANT SELECT, UPDATE ON {schema}.operator_requests TO {consumer};
 GRANT SELECT, INSERT ON {schema}.operator_audit TO {consumer};
 GRANT USAGE ON SEQUENCE {schema}.operator_audit_id_seq TO {consumer};
+-- Its running processes beat in consumer_members and count the records
+-- applied per minute in activity; they prune both.
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.consumer_members, {schema}.activity TO {consumer};
 
 -- operator: the outbox command line and operator.Store. It reads what the
 -- consumers set aside and submits requests (the consumer carries them
@@ -70,6 +78,8 @@ GRANT USAGE ON SEQUENCE {schema}.operator_requests_id_seq, {schema}.operator_aud
 GRANT SELECT, UPDATE ON {schema}.dead_events TO {operator};
 GRANT SELECT, INSERT ON {schema}.events TO {operator};
 GRANT SELECT ON {schema}.health TO {operator};
+-- It says which consumers run (a request to one that never ran would wait).
+GRANT SELECT ON {schema}.consumer_members TO {operator};
 
 -- dashboard: package dashboard served read-only (outbox dashboard). It
 -- reads every table and writes nothing.

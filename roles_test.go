@@ -203,11 +203,11 @@ func testRoles(t *testing.T, partitioned bool) {
 	// dashboard: renders its pages read-only.
 	d, err := dashboard.New(dashboardPool, &dashboard.Config{Schema: db.Schema, Logger: quietLogger})
 	require.NoError(t, err)
-	for _, path := range []string{"/", "/producer/dead", "/consumers/svc/letters", "/consumers/svc/gaps", "/requests",
+	for _, path := range []string{"/", "/producer/dead", "/consumers/svc/letters", "/consumers/svc/gaps", "/consumers/svc/search?key=k", "/requests",
 		fmt.Sprintf("/consumers/svc/letters/%d", letters[0].ID)} {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodGet, path, nil)
-		req.RemoteAddr = "127.0.0.1:1234"
+		req.RemoteAddr, req.Host = "127.0.0.1:1234", "localhost"
 		d.ServeHTTP(rec, req)
 		require.Equal(t, http.StatusOK, rec.Code, "dashboard %s: %s", path, rec.Body.String())
 	}
