@@ -84,3 +84,16 @@ func TestNewUser(t *testing.T) {
 	require.Equal(t, "over 30s: context deadline exceeded", errorTail("consumer: handler did not finish within Config.HandlerTimeout (30s): context deadline exceeded"))
 	require.Equal(t, "runtime error: boom", errorTail("consumer: handler panicked: runtime error: boom"))
 }
+
+// TestTableFits: a table whose fixed columns leave the last too little
+// room still fits 80 columns, as the requests table did not (81 to 84).
+func TestTableFits(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	row := []string{"123456", "billing-service", "resolve_gap", "cancelled", "operator-on-call", "3d", "10000/10000", "10000", "10000", "the error"}
+	require.NoError(t, table(&out, []string{"ID", "CONSUMER", "ACTION", "STATUS", "BY", "AGE", "DONE", "DRAINED", "FAILED", "ERROR"},
+		[][]string{row}, []int{0, 12, 0, 0, 10, 0, 0, 0, 0, 0}))
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		require.LessOrEqual(t, len([]rune(line)), 80, line)
+	}
+}

@@ -42,7 +42,13 @@ func table(out io.Writer, header []string, rows [][]string, caps []int) error {
 			}
 			b.WriteString(c + strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)+2))
 		}
-		if _, err := fmt.Fprintln(out, strings.TrimRight(b.String(), " ")); err != nil {
+		line := strings.TrimRight(b.String(), " ")
+		if r := []rune(line); len(r) > width {
+			// The fixed columns alone are too wide: the line, not only its
+			// last cell, is cut to fit.
+			line = string(r[:width-1]) + "…"
+		}
+		if _, err := fmt.Fprintln(out, line); err != nil {
 			return err
 		}
 	}
