@@ -442,6 +442,10 @@ func TestRequestClaims(t *testing.T) {
 		// Two letters at 0.5 a second: a pause of 2 s, many leases.
 		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true, Rate: 0.5})
 		done := serveOne(first)
+		// The second process starts once the first holds the request, so
+		// that only a lapsed lease could let it take the request up.
+		eventually.True(t, 20*time.Second, func() bool { return requestRow(t, b.db, id).Status == operator.Running },
+			"the first process claimed the request")
 		serve(t, processor(t, b, b.e, nil, nil))
 		require.NoError(t, <-done)
 		r := requestRow(t, b.db, id)

@@ -72,8 +72,11 @@ func Check(ctx context.Context, conn *pgx.Conn) error {
 // transactions may take the session conn just used before the probe's
 // does, and leave it free again in time for conn's next statement; a
 // session pooler passes every round, a transaction pooler fails one
-// unless that happens every time.
-const probeRounds = 5
+// unless that happens every time. Five rounds let a relay through a busy
+// transaction pooler in CI (its own pool's claims took the session each
+// time); a round costs four local round trips, and only a pooler's client
+// is probed at all.
+const probeRounds = 50
 
 // probe is one round of Check behind a pooler: a transaction on other,
 // then a statement on conn, whose server session was first.
