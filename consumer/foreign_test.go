@@ -1,12 +1,9 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,35 +17,6 @@ import (
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pgtest"
 )
-
-// syncBuffer is a log sink that tests read while the processor writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the logged lines that contain all of parts.
-func (b *syncBuffer) lines(parts ...string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
-		all := l != ""
-		for _, p := range parts {
-			all = all && strings.Contains(l, p)
-		}
-		if all {
-			out = append(out, l)
-		}
-	}
-	return out
-}
 
 // Records no SDK producer wrote: what the consumer does with the odd ones.
 func TestForeignRecords(t *testing.T) {
@@ -71,7 +39,7 @@ func TestForeignRecords(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t, nil)
 			e := newEffects(t, db)
-			var logs syncBuffer
+			var logs lockedBuffer
 			cfg := md.config(db)
 			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			p, err := consumer.Handle(db.Pool, "svc", md.handler(e), cfg)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -293,3 +294,39 @@ type pgxTx = pgx.Tx
 
 // fakeBeginner is a database for tests that never reach it.
 func strconvI(i int64) string { return strconv.FormatInt(i, 10) }
+
+// lockedBuffer collects a logger's text output, for tests that read it
+// while the code under test writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *lockedBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// lines returns the logged lines that contain all of parts.
+func (l *lockedBuffer) lines(parts ...string) []string {
+	var out []string
+	for _, line := range strings.Split(l.String(), "\n") {
+		all := line != ""
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			out = append(out, line)
+		}
+	}
+	return out
+}

@@ -1,7 +1,6 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"sync"
@@ -328,24 +327,6 @@ func auditOutcomes(t *testing.T, db *pgtest.DB, id int64) map[string]int {
 	return n
 }
 
-// logBuffer is a slog handler's output that tests read while others write.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestRequestClaims: the lease of a request is renewed by a heartbeat
 // while it is carried out, every write of it is fenced by the claim, and
 // what it did is counted exactly whoever carries it to its end.
@@ -372,7 +353,7 @@ func TestRequestClaims(t *testing.T) {
 	}
 	// processor is a process of consumer svc with handler h, claiming
 	// under lease with beat before each renewal; its log goes to log.
-	processor := func(t *testing.T, b *bundle, h consumer.Handler, beat func(context.Context), log *logBuffer) *consumer.Processor {
+	processor := func(t *testing.T, b *bundle, h consumer.Handler, beat func(context.Context), log *lockedBuffer) *consumer.Processor {
 		t.Helper()
 		cfg := fastConfig(b.db, 1)
 		cfg.RequestPoll = 20 * time.Millisecond
@@ -459,7 +440,7 @@ func TestRequestClaims(t *testing.T) {
 	t.Run("AProcessThatStalledPastItsLeaseWritesNothingAfterATakeover", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, "a", "b", "c")
-		g, st, log := newGate(b.e, "b1", false), newStall(), &logBuffer{}
+		g, st, log := newGate(b.e, "b1", false), newStall(), &lockedBuffer{}
 		first := processor(t, b, g, st.beat, log)
 		t.Cleanup(func() { g.open(); st.open() })
 		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true})
