@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -106,9 +107,6 @@ func consumerCrashes(t *testing.T, concurrency int) {
 	fake := b.Fake
 	s := newScenario(t, rng, b, 4)
 	g := s.newGroup(consumer.Config{MaxPollRecords: 50, Concurrency: concurrency})
-	var commits atomic.Int64
-	fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Count: -1, Observe: true,
-		When: func(kmsg.Request) bool { commits.Add(1); return true }})
 	g.start()
 	g.start()
 	stopWriters := s.startWriters(writeLoad{Writers: 6, Aggregates: 80, MaxPerTx: 4, Rollback: 0.1, MaxPause: 5 * time.Millisecond, Limit: 9000})
@@ -121,13 +119,33 @@ func consumerCrashes(t *testing.T, concurrency int) {
 		switch k := rng.IntN(4); {
 		case k == 0 || (step == 11 && crashes == 0):
 			// A crash: effects committed, offsets never.
+			// The member crashed is one whose own commit this fault
+			// refused: it holds applied effects the group never
+			// acknowledged. (An earlier counted fault answers first
+			// while it lasts, so a commit failing is not enough.)
 			crashes++
-			h := fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: g.group, Err: kerr.RebalanceInProgress, Count: -1})
-			before := commits.Load()
+			var refused sync.Map
+			h := fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: g.group, Err: kerr.RebalanceInProgress, Count: -1,
+				When: func(r kmsg.Request) bool {
+					if oc, ok := r.(*kmsg.OffsetCommitRequest); ok {
+						refused.Store(oc.MemberID, true)
+					}
+					return true
+				}})
 			g.waitApplied(g.applied()+50+rng.IntN(100), 60*time.Second, "applied while offset commits fail")
-			waitUntil(t, 30*time.Second, "an offset commit to fail", func() bool { return commits.Load() > before })
-			members := g.running()
-			m := g.leave(rng.IntN(len(members)))
+			victim := -1
+			waitUntil(t, 30*time.Second, "a member's offset commit to fail", func() bool {
+				for i, m := range g.running() {
+					if id, _ := m.client.GroupMetadata(); id != "" {
+						if _, ok := refused.Load(id); ok {
+							victim = i
+							return true
+						}
+					}
+				}
+				return false
+			})
+			m := g.leave(victim)
 			h.Remove()
 			g.start()
 			log = append(log, fmt.Sprintf("crash %s after %d failed commits", m.name, h.Hits()))
