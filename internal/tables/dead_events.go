@@ -12,9 +12,10 @@ type DeadEvents struct {
 	// payload and of its last error, and no headers.
 	ListBrief string
 	// Replay puts dead event $1 back into events under its original id
-	// and marks it replayed; no row when it is not dead.
+	// and marks it replayed; it touches no row when the event is not dead.
 	Replay string
-	// Discard marks dead event $1 discarded; no row when it is not dead.
+	// Discard marks dead event $1 discarded; it touches no row when the
+	// event is not dead.
 	Discard string
 }
 

@@ -6,7 +6,7 @@ import (
 )
 
 // requestColumns are the columns every statement that reads requests
-// returns, in the order Store.query scans them.
+// returns, in the order operator.Store scans them.
 const requestColumns = `id, consumer, action, letter_id, topic, aggregate_type, aggregate_id, reason, failure, failed_after,
     failed_before, rate, requested_by, requested_at, status, started_at, finished_at,
     matched, applied, duplicates, discarded, failed, skipped, drained, error, claim`
