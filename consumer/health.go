@@ -45,48 +45,6 @@ type LetterCount struct {
 	Oldest time.Duration
 }
 
-// readHealthSQL counts the open letters by topic and reason, along the
-// partial index dead_letters_failure.
-const readHealthSQL = `
-SELECT topic, reason, count(*), extract(epoch FROM now() - min(first_failed_at))::float8
-FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead'
-GROUP BY topic, reason ORDER BY topic, reason`
-
-const readKeptSQL = `
-SELECT (SELECT count(DISTINCT (aggregate_type, aggregate_id)) FROM {schema}.parked WHERE consumer = $1),
-       (SELECT count(*) FROM {schema}.parked WHERE consumer = $1),
-       coalesce(extract(epoch FROM now() - (SELECT min(parked_at) FROM {schema}.parked WHERE consumer = $1)), 0)::float8,
-       (SELECT count(*) FROM {schema}.processed_keys WHERE consumer = $1),
-       coalesce(extract(epoch FROM now() - (SELECT min(processed_at) FROM {schema}.processed_keys WHERE consumer = $1)), 0)::float8`
-
-// consumersSQL lists the consumer names found in the consumer's tables.
-// Each table is walked a name at a time along an index that starts with
-// the consumer (a loose index scan), instead of scanned: a million dead
-// letters cost as much as ten.
-const consumersSQL = `
-WITH RECURSIVE k AS (
-    SELECT min(consumer) AS name FROM {schema}.processed_keys
-    UNION ALL
-    SELECT (SELECT min(consumer) FROM {schema}.processed_keys WHERE consumer > k.name) FROM k WHERE k.name IS NOT NULL
-), p AS (
-    SELECT min(consumer) AS name FROM {schema}.positions
-    UNION ALL
-    SELECT (SELECT min(consumer) FROM {schema}.positions WHERE consumer > p.name) FROM p WHERE p.name IS NOT NULL
-), d AS (
-    SELECT min(consumer) AS name FROM {schema}.dead_letters
-    UNION ALL
-    SELECT (SELECT min(consumer) FROM {schema}.dead_letters WHERE consumer > d.name) FROM d WHERE d.name IS NOT NULL
-), q AS (
-    SELECT min(consumer) AS name FROM {schema}.parked
-    UNION ALL
-    SELECT (SELECT min(consumer) FROM {schema}.parked WHERE consumer > q.name) FROM q WHERE q.name IS NOT NULL
-)
-SELECT name FROM k WHERE name IS NOT NULL
-UNION SELECT name FROM p WHERE name IS NOT NULL
-UNION SELECT name FROM d WHERE name IS NOT NULL
-UNION SELECT name FROM q WHERE name IS NOT NULL
-ORDER BY 1`
-
 // Consumers returns the names of the consumers that have kept anything in
 // schema ("" means outbox.DefaultSchema): processed keys, positions, dead
 // letters or parked records.
@@ -94,7 +52,7 @@ func Consumers(ctx context.Context, db DB, schema string) ([]string, error) {
 	if schema == "" {
 		schema = outbox.DefaultSchema
 	}
-	rows, err := db.Query(ctx, tables.Fill(consumersSQL, schema))
+	rows, err := db.Query(ctx, tables.For(schema).Reads.Consumers)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: list consumers: %w", err)
 	}
@@ -113,7 +71,8 @@ func ReadHealth(ctx context.Context, db DB, schema, name string) (Health, error)
 		schema = outbox.DefaultSchema
 	}
 	var h Health
-	rows, err := db.Query(ctx, tables.Fill(readHealthSQL, schema), name)
+	sql := tables.For(schema).Reads
+	rows, err := db.Query(ctx, sql.LetterCounts, name)
 	if err != nil {
 		return Health{}, fmt.Errorf("consumer: read health: %w", err)
 	}
@@ -133,7 +92,7 @@ func ReadHealth(ctx context.Context, db DB, schema, name string) (Health, error)
 		return Health{}, fmt.Errorf("consumer: read health: %w", err)
 	}
 	var gap, key float64
-	if err := db.QueryRow(ctx, tables.Fill(readKeptSQL, schema), name).
+	if err := db.QueryRow(ctx, sql.Kept, name).
 		Scan(&h.ParkedAggregates, &h.ParkedRecords, &gap, &h.ProcessedKeys, &key); err != nil {
 		return Health{}, fmt.Errorf("consumer: read health: %w", err)
 	}

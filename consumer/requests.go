@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
 )
@@ -127,7 +128,7 @@ func (p *Processor) listenOnce(ctx context.Context, pool *pgxpool.Pool, signal f
 		return err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	if _, err := conn.Exec(ctx, "LISTEN "+p.ops.Channel()); err != nil {
+	if _, err := conn.Exec(ctx, tables.OperatorFor(p.cfg.Schema).Listen); err != nil {
 		return err
 	}
 	signal()

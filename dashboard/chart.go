@@ -32,7 +32,7 @@ type chart struct {
 // relays of the schema), and draws them.
 func (d *Dashboard) readChart(ctx context.Context, kind, name string) (chart, error) {
 	since := time.Now().Truncate(time.Minute).Add(-(chartMinutes - 1) * time.Minute)
-	rows, err := d.pool.Query(ctx, tables.Fill(chartSQL, d.cfg.Schema), kind, tables.Filter(name), since)
+	rows, err := d.pool.Query(ctx, tables.For(d.cfg.Schema).Reads.Chart, kind, tables.Filter(name), since)
 	if err != nil {
 		return chart{}, fmt.Errorf("dashboard: read %s per minute: %w", kind, err)
 	}
@@ -52,12 +52,6 @@ func (d *Dashboard) readChart(ctx context.Context, kind, name string) (chart, er
 	}
 	return drawChart(kind, counts), nil
 }
-
-// chartSQL sums kind $1 of name $2 (NULL: every name) per minute since $3.
-// It reads the activity table's primary key (kind, name, minute).
-const chartSQL = `SELECT minute, sum(n)::bigint FROM {schema}.activity
-WHERE kind = $1 AND ($2::text IS NULL OR name = $2) AND minute >= $3
-GROUP BY minute ORDER BY minute`
 
 // drawChart draws counts (oldest first, a minute each) as an SVG bar
 // chart of fixed size. Only numbers and fixed text enter the SVG.

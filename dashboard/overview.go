@@ -152,7 +152,7 @@ func (d *Dashboard) summarize(r *http.Request, name string) (consumerSummary, er
 		letters, gaps, parked int64
 		oldestLetter, oldGap  float64
 	)
-	err := d.pool.QueryRow(ctx, tables.Fill(summarySQL, d.cfg.Schema), name, d.cfg.CountCap+1).Scan(&letters, &oldestLetter, &gaps, &parked, &oldGap)
+	err := d.pool.QueryRow(ctx, tables.For(d.cfg.Schema).Reads.Summary, name, d.cfg.CountCap+1).Scan(&letters, &oldestLetter, &gaps, &parked, &oldGap)
 	if err != nil {
 		return consumerSummary{}, fmt.Errorf("dashboard: read consumer %s: %w", name, err)
 	}
@@ -170,18 +170,6 @@ func (d *Dashboard) summarize(r *http.Request, name string) (consumerSummary, er
 	s.Warnings = horizonWarnings(s, d.cfg.KeyRetention)
 	return s, nil
 }
-
-// summarySQL reads consumer $1's row of the overview, each count capped
-// at $2 rows and each age along an index (dead_letters_open,
-// positions_parked, dead_letters_open_age, parked_age): a million open
-// letters cost what a few do. consumer.ReadHealth counts exactly, which
-// costs a scan, and is for a sampler such as outboxprom.
-const summarySQL = `
-SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead' LIMIT $2) l),
-       coalesce(extract(epoch FROM now() - (SELECT min(first_failed_at) FROM {schema}.dead_letters WHERE consumer = $1 AND status = 'dead')), 0)::float8,
-       (SELECT count(*) FROM (SELECT 1 FROM {schema}.positions WHERE consumer = $1 AND parked > 0 LIMIT $2) g),
-       (SELECT coalesce(sum(parked), 0) FROM (SELECT parked FROM {schema}.positions WHERE consumer = $1 AND parked > 0 LIMIT $2) g),
-       coalesce(extract(epoch FROM now() - (SELECT min(parked_at) FROM {schema}.parked WHERE consumer = $1)), 0)::float8`
 
 // seconds is a count of seconds as a duration.
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

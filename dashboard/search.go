@@ -36,12 +36,6 @@ type searchData struct {
 	ProcessedAt *time.Time
 }
 
-// searchKeySQL finds key $2 of consumer $1 where the tables keep it: its
-// claim (processed_keys' primary key) and the records parked with it
-// (index parked_key); its letters come through List.
-const searchKeySQL = `SELECT (SELECT processed_at FROM {schema}.processed_keys WHERE consumer = $1 AND key = $2),
-       ARRAY(SELECT ARRAY[aggregate_type, aggregate_id, seq::text] FROM {schema}.parked WHERE consumer = $1 AND idempotency_key = $2 LIMIT 20)`
-
 func (d *Dashboard) search(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if err := checkFilterSize(q); err != nil {
@@ -99,7 +93,7 @@ func (d *Dashboard) searchAggregate(ctx context.Context, tr *ordering.Tracker, d
 // its letters in any status, the records parked with it.
 func (d *Dashboard) searchKey(ctx context.Context, tr *ordering.Tracker, data *searchData) error {
 	var parked [][]string
-	err := d.pool.QueryRow(ctx, tables.Fill(searchKeySQL, d.cfg.Schema), data.Consumer, data.Key).Scan(&data.ProcessedAt, &parked)
+	err := d.pool.QueryRow(ctx, tables.For(d.cfg.Schema).Reads.SearchKey, data.Consumer, data.Key).Scan(&data.ProcessedAt, &parked)
 	if err != nil {
 		return fmt.Errorf("dashboard: search key: %w", err)
 	}

@@ -39,7 +39,7 @@ const (
 )
 
 // claimMarker and markMarker identify the relay's claim and mark statements
-// in a trace. They are pieces of producer/relaysql.go's SQL: if those change,
+// in a trace. They are pieces of internal/tables/relay.go's SQL: if those change,
 // the hook never fires and the test fails on its wait, not silently.
 const (
 	claimMarker = "FOR UPDATE OF e SKIP LOCKED"

@@ -19,7 +19,7 @@ import (
 )
 
 // recordFailuresMarker identifies the relay's failure-recording statement
-// (producer/relaysql.go recordFailuresSQL).
+// (tables.Relay.RecordFailures in internal/tables/relay.go).
 const recordFailuresMarker = "SET attempts = e.attempts + 1"
 
 // settleBreaker is a pgx tracer on a relay's connections that stops the

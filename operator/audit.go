@@ -36,7 +36,7 @@ type Entry struct {
 // Record writes e (ID and At are set by the database). Given the action's
 // own transaction, the row stands or falls with the action.
 func (s *Store) Record(ctx context.Context, db outbox.DB, e *Entry) error {
-	if _, err := db.Exec(ctx, s.sql.record, e.Actor, e.Consumer, string(e.Action), nullID(e.RequestID), nullID(e.LetterID),
+	if _, err := db.Exec(ctx, s.sql.Record, e.Actor, e.Consumer, string(e.Action), nullID(e.RequestID), nullID(e.LetterID),
 		tables.Filter(e.AggregateType), tables.Filter(e.AggregateID), e.Outcome, tables.Filter(e.Detail)); err != nil {
 		return fmt.Errorf("operator: audit %s of %q: %w", e.Action, e.Consumer, err)
 	}
@@ -62,7 +62,7 @@ func (s *Store) Audit(ctx context.Context, db outbox.DB, opts *AuditOpts) ([]Ent
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := db.Query(ctx, s.sql.audit, tables.Filter(opts.Consumer), nullID(opts.RequestID), nullID(opts.BeforeID), limit)
+	rows, err := db.Query(ctx, s.sql.Audit, tables.Filter(opts.Consumer), nullID(opts.RequestID), nullID(opts.BeforeID), limit)
 	if err != nil {
 		return nil, fmt.Errorf("operator: read audit: %w", err)
 	}

@@ -2,8 +2,6 @@ package operator
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -138,7 +136,7 @@ type Config struct {
 // concurrent use.
 type Store struct {
 	schema string
-	sql    statements
+	sql    *tables.Operator
 }
 
 // New returns a store.
@@ -147,14 +145,13 @@ func New(cfg *Config) *Store {
 	if cfg != nil && cfg.Schema != "" {
 		schema = cfg.Schema
 	}
-	return &Store{schema: schema, sql: statementsFor(schema)}
+	return &Store{schema: schema, sql: tables.OperatorFor(schema)}
 }
 
 // Channel is the LISTEN/NOTIFY channel on which Submit tells a schema's
 // consumers that a request is waiting; the payload is the consumer's name.
 func Channel(schema string) string {
-	sum := sha256.Sum256([]byte(schema))
-	return "outbox_op_" + hex.EncodeToString(sum[:])[:16]
+	return tables.OperatorChannel(schema)
 }
 
 // Channel is the store's schema's Channel.
@@ -200,7 +197,7 @@ func (s *Store) Submit(ctx context.Context, db outbox.DB, r *Request) (int64, er
 	var id int64
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		l := &r.Letters
-		if err := tx.QueryRow(ctx, s.sql.submit, r.Consumer, string(r.Action), nullID(r.LetterID), tables.Filter(l.Topic),
+		if err := tx.QueryRow(ctx, s.sql.Submit, r.Consumer, string(r.Action), nullID(r.LetterID), tables.Filter(l.Topic),
 			tables.Filter(l.AggregateType), tables.Filter(l.AggregateID), tables.Filter(l.Reason), tables.Filter(l.Failure),
 			nullTime(l.FailedAfter), nullTime(l.FailedBefore), nullRate(r.Rate), by).Scan(&id); err != nil {
 			return err
@@ -210,7 +207,7 @@ func (s *Store) Submit(ctx context.Context, db outbox.DB, r *Request) (int64, er
 		if err := s.Record(ctx, tx, e); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.Channel(), r.Consumer)
+		_, err := tx.Exec(ctx, s.sql.Notify, s.Channel(), r.Consumer)
 		return err
 	})
 	if err != nil {
@@ -252,7 +249,7 @@ func (r *Request) describe() string {
 
 // Get returns request id, or an error wrapping ErrNotFound.
 func (s *Store) Get(ctx context.Context, db outbox.DB, id int64) (*Request, error) {
-	rs, err := s.query(ctx, db, s.sql.get, id)
+	rs, err := s.query(ctx, db, s.sql.Get, id)
 	if err != nil {
 		return nil, fmt.Errorf("operator: get request %d: %w", id, err)
 	}
@@ -281,7 +278,7 @@ func (s *Store) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]*Requ
 	if limit <= 0 {
 		limit = 50
 	}
-	rs, err := s.query(ctx, db, s.sql.list, tables.Filter(opts.Consumer), tables.Filter(string(opts.Status)), nullID(opts.BeforeID), limit)
+	rs, err := s.query(ctx, db, s.sql.List, tables.Filter(opts.Consumer), tables.Filter(string(opts.Status)), nullID(opts.BeforeID), limit)
 	if err != nil {
 		return nil, fmt.Errorf("operator: list requests: %w", err)
 	}
@@ -326,7 +323,7 @@ func (s *Store) Wait(ctx context.Context, db outbox.DB, id int64, poll time.Dura
 // fenced by r.Claim: once another process has claimed the request, they
 // fail with ErrClaimLost and write nothing.
 func (s *Store) Claim(ctx context.Context, db outbox.DB, consumer string, lease time.Duration) (*Request, error) {
-	rs, err := s.query(ctx, db, s.sql.claim, consumer, lease.Seconds())
+	rs, err := s.query(ctx, db, s.sql.Claim, consumer, lease.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("operator: claim a request of %q: %w", consumer, err)
 	}
@@ -340,7 +337,7 @@ func (s *Store) Claim(ctx context.Context, db outbox.DB, consumer string, lease 
 // now. It fails with ErrCancelled when r was cancelled, and with
 // ErrClaimLost when another process claimed it meanwhile.
 func (s *Store) Renew(ctx context.Context, db outbox.DB, r *Request, lease time.Duration) error {
-	tag, err := db.Exec(ctx, s.sql.renew, r.ID, r.Claim, lease.Seconds())
+	tag, err := db.Exec(ctx, s.sql.Renew, r.ID, r.Claim, lease.Seconds())
 	if err != nil {
 		return fmt.Errorf("operator: renew the lease of request %d: %w", r.ID, err)
 	}
@@ -359,7 +356,7 @@ func (s *Store) Renew(ctx context.Context, db outbox.DB, r *Request, lease time.
 // back.
 func (s *Store) Count(ctx context.Context, db outbox.DB, r *Request, delta Progress) error {
 	p := &r.Progress
-	err := db.QueryRow(ctx, s.sql.count, r.ID, r.Claim, delta.Applied, delta.Duplicates, delta.Discarded, delta.Drained).
+	err := db.QueryRow(ctx, s.sql.Count, r.ID, r.Claim, delta.Applied, delta.Duplicates, delta.Discarded, delta.Drained).
 		Scan(&p.Applied, &p.Duplicates, &p.Discarded, &p.Drained)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s.fenced(ctx, db, r)
@@ -375,7 +372,7 @@ func (s *Store) Count(ctx context.Context, db outbox.DB, r *Request, delta Progr
 // claimed again at once. It fails as Renew does.
 func (s *Store) Report(ctx context.Context, db outbox.DB, r *Request, lease time.Duration) error {
 	p := &r.Progress
-	tag, err := db.Exec(ctx, s.sql.report, r.ID, r.Claim, lease.Seconds(), p.Matched, p.Failed, p.Skipped, tables.Filter(r.Error))
+	tag, err := db.Exec(ctx, s.sql.Report, r.ID, r.Claim, lease.Seconds(), p.Matched, p.Failed, p.Skipped, tables.Filter(r.Error))
 	if err != nil {
 		return fmt.Errorf("operator: report request %d: %w", r.ID, err)
 	}
@@ -395,7 +392,7 @@ func (s *Store) Finish(ctx context.Context, db outbox.DB, r *Request, failed boo
 		status = Failed
 	}
 	p := &r.Progress
-	err := db.QueryRow(ctx, s.sql.finish, r.ID, r.Claim, string(status), p.Matched, p.Failed, p.Skipped, tables.Filter(r.Error)).
+	err := db.QueryRow(ctx, s.sql.Finish, r.ID, r.Claim, string(status), p.Matched, p.Failed, p.Skipped, tables.Filter(r.Error)).
 		Scan(&r.Status, &p.Applied, &p.Duplicates, &p.Discarded, &p.Drained)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s.fenced(ctx, db, r)
@@ -413,7 +410,7 @@ func (s *Store) fenced(ctx context.Context, db outbox.DB, r *Request) error {
 		status Status
 		claim  int64
 	)
-	if err := db.QueryRow(ctx, s.sql.fence, r.ID).Scan(&status, &claim); err != nil {
+	if err := db.QueryRow(ctx, s.sql.Fence, r.ID).Scan(&status, &claim); err != nil {
 		return fmt.Errorf("operator: request %d: read its claim: %w", r.ID, err)
 	}
 	if status == Cancelled {
@@ -438,7 +435,7 @@ func (s *Store) Cancel(ctx context.Context, db outbox.DB, id int64) (*Request, e
 		var was Status
 		// FOR UPDATE waits for an action that has counted itself to
 		// commit, so that it is counted before the cancel.
-		if err := tx.QueryRow(ctx, s.sql.lockStatus, id).Scan(&was); errors.Is(err, pgx.ErrNoRows) {
+		if err := tx.QueryRow(ctx, s.sql.LockStatus, id).Scan(&was); errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("operator: request %d: %w", id, ErrNotFound)
 		} else if err != nil {
 			return err
@@ -446,7 +443,7 @@ func (s *Store) Cancel(ctx context.Context, db outbox.DB, id int64) (*Request, e
 		if was != Pending && was != Running {
 			return fmt.Errorf("operator: request %d is %s already; there is nothing to cancel: %w", id, was, ErrFinished)
 		}
-		rs, err := s.query(ctx, tx, s.sql.cancel, id)
+		rs, err := s.query(ctx, tx, s.sql.Cancel, id)
 		if err != nil {
 			return err
 		}

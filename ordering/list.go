@@ -13,18 +13,6 @@ import (
 	"github.com/d419a114/outbox/internal/tables"
 )
 
-// listParkedSQL pages an aggregate's parked records along the parked
-// table's primary key (consumer, aggregate_type, aggregate_id, seq). It
-// reads 256 bytes of each key and value and no headers: a listing's memory
-// stays bounded whatever the records hold.
-const listParkedSQL = `
-SELECT seq, topic, kafka_partition, kafka_offset, substring(record_key for 256), substring(value for 256),
-       NULL::text[], NULL::bytea[], record_time, idempotency_key, parked_at
-FROM %s.parked
-WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND seq > $4
-ORDER BY seq
-LIMIT $5`
-
 // GapOpts filters and pages ListGaps. Zero fields do not filter.
 type GapOpts struct {
 	AggregateType, AggregateID string
@@ -120,8 +108,7 @@ func (t *Tracker) ListParked(ctx context.Context, db outbox.DB, agg Aggregate, a
 	if limit <= 0 {
 		limit = 100
 	}
-	schema := pgx.Identifier{t.cfg.Schema}.Sanitize()
-	rows, err := db.Query(ctx, fmt.Sprintf(listParkedSQL, schema), t.consumer, agg.Type, agg.ID, afterSeq, limit)
+	rows, err := db.Query(ctx, t.parked.List, t.consumer, agg.Type, agg.ID, afterSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ordering: list parked records of %s: %w", agg, err)
 	}

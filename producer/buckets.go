@@ -13,24 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
-// numBuckets is how many hash buckets the aggregates are spread over. It is
-// fixed, not configuration: every instance must agree on it, and 64 allows
-// up to 64 instances per database.
-const numBuckets = 64
-
-// hashExprE is an event row's aggregate hash, in a query that calls the
-// events table e: the value an aggregate's bucket derives from, and the
-// value the claim compares to leave the aggregates in flight out. It is
-// computed where rows are claimed rather than stored with every write.
-// bucketExpr maps the hash to its bucket (0 to numBuckets-1); it must agree
-// everywhere, and bucketExprE is the same for the table called e.
-const (
-	hashExprE   = `hashtext(e.aggregate_type || ':' || e.aggregate_id)`
-	bucketExpr  = `((hashtext(aggregate_type || ':' || aggregate_id) % 64) + 64) % 64`
-	bucketExprE = `((` + hashExprE + ` % 64) + 64) % 64`
-)
+// numBuckets is how many hash buckets the aggregates are spread over; see
+// tables.RelayBuckets, whose statements compute a row's bucket.
+const numBuckets = tables.RelayBuckets
 
 func schemaLockKey(schema string) int32 {
 	h := fnv.New32a()
@@ -89,7 +77,8 @@ func newBucketOwner(r *Relay) *bucketOwner {
 	return &bucketOwner{r: r, owned: map[int32]bool{}, unchecked: map[int32]bool{}, holds: map[int32]hold{}}
 }
 
-// bucketOf is bucketExpr for a hash computed by the server.
+// bucketOf is the bucket of a hash computed by the server, as the
+// relay's statements compute it (tables.RelayBuckets).
 func bucketOf(hash int32) int32 { return ((hash % numBuckets) + numBuckets) % numBuckets }
 
 // rebalance renews this instance's heartbeat and takes or gives up buckets
@@ -114,7 +103,7 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 		live int
 		pid  uint32
 	)
-	err := o.conn.QueryRow(ctx, s.heartbeat, o.r.cfg.RelayID, idle, o.idleFor().Milliseconds(), stale.Milliseconds()).Scan(&live, &pid)
+	err := o.conn.QueryRow(ctx, s.Heartbeat, o.r.cfg.RelayID, idle, o.idleFor().Milliseconds(), stale.Milliseconds()).Scan(&live, &pid)
 	if err != nil {
 		o.reset(ctx)
 		return err
@@ -142,7 +131,7 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 			}
 			give = append(give, b)
 		}
-		if _, err := o.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, b) FROM unnest($2::int[]) AS b`, o.r.lockKey, give); err != nil {
+		if _, err := o.conn.Exec(ctx, o.r.sql.UnlockBuckets, o.r.lockKey, give); err != nil {
 			o.dropAll(ctx) // which locks are still held is unknown: end the session
 			return err
 		}
@@ -167,9 +156,8 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 				free = append(free, b)
 			}
 		}
-		// Without ORDER BY the function scan yields the array in order and
-		// the LIMIT stops it, so no more locks are taken than wanted.
-		rows, err := o.conn.Query(ctx, `SELECT b FROM unnest($2::int[]) AS b WHERE pg_try_advisory_lock($1, b) LIMIT $3`, o.r.lockKey, free, want)
+		// At most want of them (see tables.Relay.LockBuckets).
+		rows, err := o.conn.Query(ctx, o.r.sql.LockBuckets, o.r.lockKey, free, want)
 		var taken []int32
 		if err == nil {
 			taken, err = pgx.CollectRows(rows, pgx.RowTo[int32])
@@ -243,7 +231,7 @@ func (o *bucketOwner) refreshHolds(ctx context.Context, busy []int32) error {
 		if busy == nil {
 			busy = []int32{}
 		}
-		rows, err := o.conn.Query(ctx, o.r.sql.leasedAggregates, check, busy)
+		rows, err := o.conn.Query(ctx, o.r.sql.LeasedAggregates, check, busy)
 		if err != nil {
 			o.reset(ctx)
 			o.updateClaimable()
@@ -380,7 +368,7 @@ func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent,
 	if len(o.holds) > 0 {
 		busy = append(slices.Clip(busy), o.heldHashes()...)
 	}
-	rows, err := o.conn.Query(ctx, o.r.sql.claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy)
+	rows, err := o.conn.Query(ctx, o.r.sql.Claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy)
 	if err != nil {
 		o.reset(ctx)
 		return nil, err
@@ -404,7 +392,7 @@ func (o *bucketOwner) setIdle(ctx context.Context, idle bool) error {
 		until = o.idleFor().Milliseconds()
 		o.idleRefreshed = time.Now()
 	}
-	_, err := o.r.pool.Exec(ctx, o.r.sql.setIdle, o.r.cfg.RelayID, until)
+	_, err := o.r.pool.Exec(ctx, o.r.sql.SetIdle, o.r.cfg.RelayID, until)
 	return err
 }
 
@@ -452,7 +440,7 @@ func (o *bucketOwner) dropAll(ctx context.Context) {
 func (o *bucketOwner) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := o.r.pool.Exec(ctx, o.r.sql.leave, o.r.cfg.RelayID); err != nil {
+	if _, err := o.r.pool.Exec(ctx, o.r.sql.Leave, o.r.cfg.RelayID); err != nil {
 		o.r.log.Warn("relay: remove heartbeat row; others notice after three rebalance intervals", slog.String("error", err.Error()))
 	}
 	if o.conn != nil {
@@ -486,7 +474,7 @@ func (o *bucketOwner) warnIfNoBuckets(ctx context.Context) {
 		return
 	}
 	var waiting bool
-	if err := o.r.pool.QueryRow(ctx, o.r.sql.anyUndelivered).Scan(&waiting); err != nil {
+	if err := o.r.pool.QueryRow(ctx, o.r.sql.AnyUndelivered).Scan(&waiting); err != nil {
 		o.r.logError(ctx, "relay: look for undelivered events while owning no bucket", err)
 		return
 	}

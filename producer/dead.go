@@ -3,7 +3,6 @@ package producer
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,21 +63,8 @@ type DeadEventsConfig struct {
 // database handle each call is given, as deadletter.Store does for the
 // consumer's dead letters.
 type DeadEvents struct {
-	list, listBrief, replay, discard string
+	sql tables.DeadEvents
 }
-
-// deadEventsList reads dead events; {payload}, {headers} and {last_error}
-// are the whole columns, or for a brief listing their first bytes and no
-// headers.
-const deadEventsList = `
-SELECT id, event_id::text AS event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type,
-       topic, content_type, {payload} AS payload, {headers} AS headers, created_at, attempts, {last_error} AS last_error, hold, status,
-       died_at, resolved_at, coalesce(octet_length(payload), 0) AS payload_size
-FROM {schema}.dead_events
-WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR aggregate_type = $2) AND ($3::text IS NULL OR aggregate_id = $3)
-  AND id > $4
-ORDER BY id
-LIMIT $5`
 
 // NewDeadEvents returns the dead events of cfg's schema (nil means the
 // defaults).
@@ -87,26 +73,7 @@ func NewDeadEvents(cfg *DeadEventsConfig) *DeadEvents {
 	if cfg != nil && cfg.Schema != "" {
 		schema = cfg.Schema
 	}
-	return &DeadEvents{
-		list: qualify(strings.NewReplacer("{payload}", "payload", "{headers}", "headers", "{last_error}", "last_error").Replace(deadEventsList), schema),
-		listBrief: qualify(strings.NewReplacer("{payload}", "substring(payload for 256)", "{headers}", "NULL::jsonb",
-			"{last_error}", "left(last_error, 256)").Replace(deadEventsList), schema),
-		replay: qualify(`
-WITH revived AS (
-    UPDATE {schema}.dead_events SET status = 'replayed', resolved_at = now()
-    WHERE id = $1 AND status = 'dead'
-    RETURNING *
-)
-INSERT INTO {schema}.events (id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
-                             event_type, topic, content_type, payload, headers, created_at)
-OVERRIDING SYSTEM VALUE
-SELECT id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
-       event_type, topic, content_type, payload, headers, created_at
-FROM revived`, schema),
-		discard: qualify(`
-UPDATE {schema}.dead_events SET status = 'discarded', resolved_at = now()
-WHERE id = $1 AND status = 'dead'`, schema),
-	}
+	return &DeadEvents{sql: tables.ProducerFor(schema).DeadEvents}
 }
 
 // ListOpts filters List. Zero fields do not filter.
@@ -132,9 +99,9 @@ func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]
 		o = *opts
 	}
 	setDefault(&o.Limit, 100)
-	sql := d.list
+	sql := d.sql.List
 	if o.Brief {
-		sql = d.listBrief
+		sql = d.sql.ListBrief
 	}
 	rows, err := db.Query(ctx, sql, tables.Filter(string(o.Status)), tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), o.AfterID, o.Limit)
 	if err != nil {
@@ -157,7 +124,7 @@ func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]
 // Health.OldestUndelivered reports its age. Under SkipDead its successors
 // went out long ago, so it reaches consumers after them.
 func (d *DeadEvents) Replay(ctx context.Context, db outbox.DB, id int64) error {
-	tag, err := db.Exec(ctx, d.replay, id)
+	tag, err := db.Exec(ctx, d.sql.Replay, id)
 	if err != nil {
 		return fmt.Errorf("producer: replay dead event %d: %w", id, err)
 	}
@@ -171,7 +138,7 @@ func (d *DeadEvents) Replay(ctx context.Context, db outbox.DB, id int64) error {
 // aggregate that waited behind it. Consumers that check sequences will see
 // a gap where it was; resolve it there too.
 func (d *DeadEvents) Discard(ctx context.Context, db outbox.DB, id int64) error {
-	tag, err := db.Exec(ctx, d.discard, id)
+	tag, err := db.Exec(ctx, d.sql.Discard, id)
 	if err != nil {
 		return fmt.Errorf("producer: discard dead event %d: %w", id, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // Dispatch names who publishes a schema's events to Kafka.
@@ -107,7 +108,7 @@ func ReadDispatch(ctx context.Context, db outbox.DB, schema string) (DispatchSta
 		mode string
 		slot *string
 	)
-	err := db.QueryRow(ctx, qualify(`SELECT mode, slot_name, changed_at FROM {schema}.dispatch`, schema)).Scan(&mode, &slot, &st.ChangedAt)
+	err := db.QueryRow(ctx, tables.ProducerFor(schema).Dispatch.Read).Scan(&mode, &slot, &st.ChangedAt)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedTable:
@@ -225,10 +226,11 @@ func setDispatch(ctx context.Context, db outbox.DB, mode Dispatch, c *DispatchCo
 		return "", fmt.Errorf("producer: SetDispatch: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	sql := tables.ProducerFor(c.Schema).Dispatch
 	// A plain read first: a row lock assigns a transaction id, after which
 	// slotPending could not create its temporary slot.
 	var current, slotName *string
-	if err := tx.QueryRow(ctx, qualify(`SELECT mode, slot_name FROM {schema}.dispatch`, c.Schema)).Scan(&current, &slotName); err != nil {
+	if err := tx.QueryRow(ctx, sql.Mode).Scan(&current, &slotName); err != nil {
 		return "", fmt.Errorf("producer: SetDispatch: read the mode of schema %q (run Migrate first: the mode came with migration 0008): %w", c.Schema, err)
 	}
 	if mode == DispatchRelay && *current == string(DispatchCDC) && !c.SkipSlotCheck {
@@ -237,7 +239,7 @@ func setDispatch(ctx context.Context, db outbox.DB, mode Dispatch, c *DispatchCo
 		}
 	}
 	var locked string
-	if err := tx.QueryRow(ctx, qualify(`SELECT mode FROM {schema}.dispatch FOR UPDATE`, c.Schema)).Scan(&locked); err != nil {
+	if err := tx.QueryRow(ctx, sql.LockMode).Scan(&locked); err != nil {
 		return "", fmt.Errorf("producer: SetDispatch: lock the mode of schema %q: %w", c.Schema, err)
 	}
 	if locked != *current {
@@ -248,16 +250,16 @@ func setDispatch(ctx context.Context, db outbox.DB, mode Dispatch, c *DispatchCo
 			return "", err
 		}
 	}
-	stmt := `ALTER TABLE {schema}.events ALTER COLUMN published_at DROP DEFAULT`
+	stmt := sql.RelayDefault
 	slot := any(nil)
 	if mode == DispatchCDC {
-		stmt = `ALTER TABLE {schema}.events ALTER COLUMN published_at SET DEFAULT now()`
+		stmt = sql.CDCDefault
 		slot = c.Slot
 	}
-	if _, err := tx.Exec(ctx, qualify(stmt, c.Schema)); err != nil {
+	if _, err := tx.Exec(ctx, stmt); err != nil {
 		return "", fmt.Errorf("producer: SetDispatch: set the default of published_at (needs the events table's owner): %w", err)
 	}
-	if _, err := tx.Exec(ctx, qualify(`UPDATE {schema}.dispatch SET mode = $1, slot_name = $2, changed_at = now()`, c.Schema), string(mode), slot); err != nil {
+	if _, err := tx.Exec(ctx, sql.SetMode, string(mode), slot); err != nil {
 		return "", fmt.Errorf("producer: SetDispatch: record the mode: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -272,11 +274,12 @@ func setDispatch(ctx context.Context, db outbox.DB, mode Dispatch, c *DispatchCo
 // confirmed position trails by an offset flush, and without the lock new
 // CDC-mode writes would keep it trailing for ever.
 func checkSwitchBack(ctx context.Context, tx pgx.Tx, c *DispatchConfig, slot string) error {
-	if _, err := tx.Exec(ctx, qualify(`LOCK TABLE {schema}.events IN EXCLUSIVE MODE`, c.Schema)); err != nil {
+	sql := tables.ProducerFor(c.Schema).Dispatch
+	if _, err := tx.Exec(ctx, sql.LockEvents); err != nil {
 		return fmt.Errorf("producer: SetDispatch: lock the events table: %w", err)
 	}
 	var target string
-	if err := tx.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+	if err := tx.QueryRow(ctx, sql.WALPosition).Scan(&target); err != nil {
 		return fmt.Errorf("producer: SetDispatch: read the switch point: %w", err)
 	}
 	lag, err := slotPending(ctx, tx, c.Schema, slot, target)
@@ -323,7 +326,7 @@ func waitSlot(ctx context.Context, db outbox.DB, c *DispatchConfig) error {
 			}
 			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 			var mode, slot *string
-			if err := tx.QueryRow(ctx, qualify(`SELECT mode, slot_name FROM {schema}.dispatch`, c.Schema)).Scan(&mode, &slot); err != nil {
+			if err := tx.QueryRow(ctx, tables.ProducerFor(c.Schema).Dispatch.Mode).Scan(&mode, &slot); err != nil {
 				return nil, fmt.Errorf("producer: SetDispatch: read the mode of schema %q (run Migrate first: the mode came with migration 0008): %w", c.Schema, err)
 			}
 			if *mode != string(DispatchCDC) {
@@ -369,34 +372,25 @@ func waitSlot(ctx context.Context, db outbox.DB, c *DispatchConfig) error {
 // streamed. A copy is read, not the slot, which the connector holds; it
 // needs the REPLICATION attribute, and tx must not have written.
 func slotPending(ctx context.Context, tx pgx.Tx, schema, slot, target string) (*SlotLagError, error) {
+	sql := tables.ProducerFor(schema).Dispatch
 	var pubs *string
-	if err := tx.QueryRow(ctx, `SELECT string_agg(quote_ident(pubname), ',') FROM pg_publication_tables WHERE schemaname = $1 AND tablename = 'events'`, schema).Scan(&pubs); err != nil {
+	if err := tx.QueryRow(ctx, sql.Publications, schema).Scan(&pubs); err != nil {
 		return nil, fmt.Errorf("producer: SetDispatch: look up the publication of the events table: %w", err)
 	}
 	if pubs == nil {
 		return nil, fmt.Errorf("producer: SetDispatch: the events table is in no publication, so whether the connector streamed the events written in CDC mode cannot be checked; restore the publication, or set DispatchConfig.SkipSlotCheck to switch back unchecked")
 	}
 	var copyName, confirmed string
-	err := tx.QueryRow(ctx, `
-SELECT c.slot_name::text, s.confirmed_flush_lsn::text
-FROM pg_replication_slots s,
-     pg_copy_logical_replication_slot(s.slot_name, 'outbox_switch_back_' || pg_backend_pid(), true, 'pgoutput') c
-WHERE s.slot_name = $1 AND s.database = current_database()`, slot).Scan(&copyName, &confirmed)
+	err := tx.QueryRow(ctx, sql.SlotCopy, slot).Scan(&copyName, &confirmed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("producer: SetDispatch: replication slot %q is gone, so whether the connector streamed every event written in CDC mode cannot be checked; set DispatchConfig.SkipSlotCheck to switch back unchecked (events it had not streamed are never published)", slot)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("producer: SetDispatch: copy replication slot %q to read what it has not confirmed (needs the REPLICATION attribute): %w", slot, err)
 	}
-	defer func() { _, _ = tx.Exec(context.WithoutCancel(ctx), `SELECT pg_drop_replication_slot($1)`, copyName) }()
-	// Inserts only: the connector ignores deletes (Prune) and the rest.
-	// 'I' is pgoutput's insert message; lsn is the change's own position.
+	defer func() { _, _ = tx.Exec(context.WithoutCancel(ctx), sql.DropSlot, copyName) }()
 	lag := &SlotLagError{Slot: slot}
-	err = tx.QueryRow(ctx, `
-SELECT count(*) FILTER (WHERE get_byte(data, 0) = ascii('I') AND lsn > $4::pg_lsn),
-       greatest(pg_wal_lsn_diff(coalesce(nullif($2, '')::pg_lsn, pg_current_wal_lsn()), $4::pg_lsn), 0)::bigint
-FROM pg_logical_slot_peek_binary_changes($1, coalesce(nullif($2, '')::pg_lsn, pg_current_wal_lsn()), NULL,
-     'proto_version', '1', 'publication_names', $3)`, copyName, target, *pubs, confirmed).Scan(&lag.Pending, &lag.LagBytes)
+	err = tx.QueryRow(ctx, sql.SlotPending, copyName, target, *pubs, confirmed).Scan(&lag.Pending, &lag.LagBytes)
 	if err != nil {
 		return nil, fmt.Errorf("producer: SetDispatch: decode what replication slot %q has not confirmed: %w", slot, err)
 	}
@@ -412,9 +406,10 @@ FROM pg_logical_slot_peek_binary_changes($1, coalesce(nullif($2, '')::pg_lsn, pg
 // every write, the relay's marks included; the count uses the partial
 // index of undelivered events.
 func checkCDCReady(ctx context.Context, tx pgx.Tx, schema, slot string) error {
+	sql := tables.ProducerFor(schema).Dispatch
 	var plugin *string
 	var found bool
-	err := tx.QueryRow(ctx, `SELECT true, plugin FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&found, &plugin)
+	err := tx.QueryRow(ctx, sql.Slot, slot).Scan(&found, &plugin)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("producer: SetDispatch: no replication slot %q in this database; start the connector first (Debezium creates slot.name on its first start) or create it with SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", slot, slot)
 	}
@@ -429,17 +424,11 @@ func checkCDCReady(ctx context.Context, tx pgx.Tx, schema, slot string) error {
 		return fmt.Errorf("producer: SetDispatch: replication slot %q uses plugin %s; the tested configuration uses pgoutput (Debezium's plugin.name=pgoutput)", slot, p)
 	}
 	var published, viaRoot, partitioned bool
-	err = tx.QueryRow(ctx, `
-SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE schemaname = $1 AND tablename = 'events'),
-       coalesce((SELECT bool_or(p.pubviaroot) FROM pg_publication p
-                 JOIN pg_publication_tables t ON t.pubname = p.pubname
-                 WHERE t.schemaname = $1 AND t.tablename = 'events'), false),
-       (SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($2))`,
-		schema, qualify("{schema}.events", schema)).Scan(&published, &viaRoot, &partitioned)
+	err = tx.QueryRow(ctx, sql.Published, schema).Scan(&published, &viaRoot, &partitioned)
 	if err != nil {
 		return fmt.Errorf("producer: SetDispatch: look up the publication of the events table: %w", err)
 	}
-	events := qualify("{schema}.events", schema)
+	events := pgx.Identifier{schema, "events"}.Sanitize()
 	switch {
 	case !published && partitioned:
 		return fmt.Errorf("producer: SetDispatch: the events table is in no publication as itself; a day-partitioned table needs publish_via_partition_root, or pgoutput reports its partitions and the connector captures nothing: CREATE PUBLICATION outbox_cdc FOR TABLE %s WITH (publish_via_partition_root = true)", events)
@@ -448,11 +437,11 @@ SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE schemaname = $1 AND tab
 	case partitioned && !viaRoot:
 		return fmt.Errorf("producer: SetDispatch: the publication of the day-partitioned events table lacks publish_via_partition_root, so pgoutput reports the partitions and the connector captures nothing: ALTER PUBLICATION ... SET (publish_via_partition_root = true)")
 	}
-	if _, err := tx.Exec(ctx, qualify(`LOCK TABLE {schema}.events IN EXCLUSIVE MODE`, schema)); err != nil {
+	if _, err := tx.Exec(ctx, sql.LockEvents); err != nil {
 		return fmt.Errorf("producer: SetDispatch: lock the events table: %w", err)
 	}
 	var undelivered int64
-	if err := tx.QueryRow(ctx, qualify(`SELECT count(*) FROM {schema}.events WHERE published_at IS NULL`, schema)).Scan(&undelivered); err != nil {
+	if err := tx.QueryRow(ctx, sql.CountUndelivered).Scan(&undelivered); err != nil {
 		return fmt.Errorf("producer: SetDispatch: count undelivered events: %w", err)
 	}
 	if undelivered > 0 {

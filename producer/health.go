@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // Health is the producer side's state, as read from the health view.
@@ -79,17 +80,15 @@ func ReadHealth(ctx context.Context, db outbox.DB, schema string) (Health, error
 		slot             *string
 		retained, lagged *int64
 	)
-	err := db.QueryRow(ctx, qualify(`SELECT undelivered, oldest_undelivered_seconds, dead, dispatch, cdc_slot,
-       cdc_slot_active, cdc_retained_wal_bytes, cdc_lag_bytes FROM {schema}.health`, schema)).
+	sql := tables.ProducerFor(schema).Health
+	err := db.QueryRow(ctx, sql.Read).
 		Scan(&h.Undelivered, &oldest, &h.Dead, &mode, &slot, &h.CDCSlotActive, &retained, &lagged)
 	if err != nil {
 		return Health{}, fmt.Errorf("producer: read health (%s): %w", migrateHint(err), err)
 	}
 	h.OldestUndelivered = time.Duration(oldest * float64(time.Second))
 	if h.Undelivered > 0 {
-		// The health view's own look at the oldest row, through the
-		// undelivered rows' index: one row, whatever the backlog.
-		err := db.QueryRow(ctx, qualify(`SELECT coalesce(last_error, '') FROM {schema}.events WHERE published_at IS NULL ORDER BY id LIMIT 1`, schema)).
+		err := db.QueryRow(ctx, sql.OldestError).
 			Scan(&h.OldestUndeliveredError)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return Health{}, fmt.Errorf("producer: read health: last error of the oldest undelivered event: %w", err)
@@ -100,7 +99,7 @@ func ReadHealth(ctx context.Context, db outbox.DB, schema string) (Health, error
 		h.CDCSlot = *slot
 	}
 	if h.Dispatch == DispatchCDC {
-		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database())`, h.CDCSlot).Scan(&h.CDCSlotExists); err != nil {
+		if err := db.QueryRow(ctx, sql.SlotExists, h.CDCSlot).Scan(&h.CDCSlotExists); err != nil {
 			return Health{}, fmt.Errorf("producer: read health: look up slot %q: %w", h.CDCSlot, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // Instance is one relay instance as the database sees it: its row in the
@@ -28,20 +29,6 @@ type Instance struct {
 	Buckets []int32
 }
 
-// instancesSQL reads the relays table with each row's bucket locks from
-// pg_locks: advisory locks on two int4 keys show the first key as classid
-// (its bits as an unsigned oid, $1) and the bucket as objid, objsubid 2.
-// At most $2 rows; a schema has one row per running instance.
-const instancesSQL = `
-SELECT r.relay_id, r.heartbeat_at, coalesce(r.idle_until > now(), false),
-       r.session_pid IS NOT NULL AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session_pid),
-       coalesce((SELECT array_agg(l.objid::int8::int4 ORDER BY l.objid::int8) FROM pg_locks l
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.pid = r.session_pid
-                   AND l.objsubid = 2 AND l.classid::int8 = $1), '{}')
-FROM {schema}.relays r
-ORDER BY r.relay_id
-LIMIT $2`
-
 // maxInstances bounds Instances; 64 buckets make more than 64 working
 // instances impossible.
 const maxInstances = 1000
@@ -56,7 +43,7 @@ func Instances(ctx context.Context, db outbox.DB, schema string) ([]Instance, er
 		schema = outbox.DefaultSchema
 	}
 	classid := int64(uint32(schemaLockKey(schema))) //nolint:gosec // the key's bits as pg_locks shows them: wrapping is the point
-	rows, err := db.Query(ctx, qualify(instancesSQL, schema), classid, maxInstances)
+	rows, err := db.Query(ctx, tables.ProducerFor(schema).Health.Instances, classid, maxInstances)
 	if err != nil {
 		return nil, fmt.Errorf("producer: list relay instances (%s): %w", migrateHint(err), err)
 	}

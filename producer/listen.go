@@ -40,7 +40,7 @@ func (r *Relay) listenOnce(ctx context.Context, signal, connected func()) error 
 		return err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	if _, err := conn.Exec(ctx, "LISTEN "+wakeChannel(r.cfg.Schema)); err != nil {
+	if _, err := conn.Exec(ctx, r.sql.Listen); err != nil {
 		return err
 	}
 	connected()

@@ -39,10 +39,7 @@ type claimedEvent struct {
 	leasedUntil time.Time
 }
 
-const claimedColumns = `e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggregate_id,
-       e.aggregate_seq, e.event_type, e.topic, e.content_type, e.payload, e.headers,
-       e.created_at, e.attempts, e.permanent_failures, ` + hashExprE
-
+// scanClaimed scans a row of tables.Relay.Claim.
 func scanClaimed(row pgx.CollectableRow) (*claimedEvent, error) {
 	e := &claimedEvent{}
 	err := row.Scan(&e.id, &e.eventID, &e.idempotencyKey, &e.aggregateType, &e.aggregateID,
@@ -292,15 +289,15 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 	defer func() { _ = tx.Rollback(ctx) }()
 	b := &pgx.Batch{}
 	if len(delivered) > 0 {
-		b.Queue(r.sql.markDelivered, delivered)
-		b.Queue(r.sql.addActivity, "delivered", r.cfg.RelayID, time.Now(), len(delivered))
+		b.Queue(r.sql.MarkDelivered, delivered)
+		b.Queue(r.sql.AddActivity, "delivered", r.cfg.RelayID, time.Now(), len(delivered))
 		if r.activityPruned.Load() < time.Now().Add(-time.Hour).Unix() {
 			r.activityPruned.Store(time.Now().Unix())
-			b.Queue(r.sql.pruneActivity)
+			b.Queue(r.sql.PruneActivity)
 		}
 	}
 	if len(released) > 0 {
-		b.Queue(r.sql.release, released, lease)
+		b.Queue(r.sql.Release, released, lease)
 	}
 	var deadRows []deadMove
 	if len(failed) > 0 {
@@ -314,8 +311,8 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 				perm[i] = 1
 			}
 		}
-		b.Queue(r.sql.recordFailures, ids, perm, msgs, delays, lease)
-		b.Queue(r.sql.moveDead, ids, int32(r.cfg.MaxAttempts), r.cfg.OnDead == HoldAggregate).Query(func(rows pgx.Rows) error { //nolint:gosec // NewRelay keeps MaxAttempts within int32
+		b.Queue(r.sql.RecordFailures, ids, perm, msgs, delays, lease)
+		b.Queue(r.sql.MoveDead, ids, int32(r.cfg.MaxAttempts), r.cfg.OnDead == HoldAggregate).Query(func(rows pgx.Rows) error { //nolint:gosec // NewRelay keeps MaxAttempts within int32
 			var err error
 			deadRows, err = pgx.CollectRows(rows, pgx.RowToStructByPos[deadMove])
 			return err

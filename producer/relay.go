@@ -124,7 +124,7 @@ type Relay struct {
 	client *kgo.Client
 	cfg    RelayConfig
 	log    *slog.Logger
-	sql    relaySQL
+	sql    tables.Relay
 	retry  backoff.Policy
 	// lockKey namespaces the bucket locks by schema.
 	lockKey int32
@@ -219,7 +219,7 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 		client:  client,
 		cfg:     c,
 		log:     c.Logger.With(slog.String("relay_id", c.RelayID)),
-		sql:     newRelaySQL(c.Schema),
+		sql:     tables.ProducerFor(c.Schema).Relay,
 		retry:   backoff.Policy{Min: c.MinBackoff, Max: c.MaxBackoff},
 		lockKey: schemaLockKey(c.Schema),
 		trace:   newRelayTracers(c.Tracer),
@@ -449,7 +449,7 @@ func (r *Relay) awaitPublish(ctx context.Context, batch []*claimedEvent, publish
 				}
 			}
 			var renewed *time.Time
-			err := r.pool.QueryRow(ctx, r.sql.renewLease, ids, lease, r.cfg.Lease.Milliseconds()).Scan(&renewed)
+			err := r.pool.QueryRow(ctx, r.sql.RenewLease, ids, lease, r.cfg.Lease.Milliseconds()).Scan(&renewed)
 			switch {
 			case err != nil:
 				r.logError(ctx, "relay: renew the lease of a batch still being published", err)

@@ -7,8 +7,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/tables"
 )
@@ -34,53 +32,6 @@ type PruneResult struct {
 	// PartitionsCreated and PartitionsDropped count day partitions.
 	PartitionsCreated, PartitionsDropped int
 }
-
-// pruneChunkSQL deletes the delivered rows, published before the cutoff
-// ($3), among the next chunk of rows in id order after $1, and returns the
-// chunk's last id, its size, whether it reached a row created inside the
-// window, and how many rows it deleted.
-//
-// Retention walks the primary key rather than an index on published_at,
-// which every write would pay for (see the baseline migration). Rows are created
-// in roughly id order and published after they are created, so the walk
-// can stop at the first chunk that reaches the window: the rows after it
-// were created too recently to be deletable. A row created before the
-// cutoff but given a higher id (by a long writer transaction) is left to a
-// later run, once the walk gets that far. Each chunk reads its rows by key
-// range, and the DELETE finds its rows by key too, whatever the statistics
-// say about the table; a concurrent prune of the same rows makes it wait
-// for that one's statement and then skip them.
-const pruneChunkSQL = `
-WITH chunk AS MATERIALIZED (
-    SELECT id, created_at, published_at
-    FROM {schema}.{table}
-    WHERE id > $1
-    ORDER BY id
-    LIMIT $2
-), gone AS (
-    DELETE FROM {schema}.{table}
-    WHERE id = ANY (ARRAY(SELECT id FROM chunk WHERE published_at < $3))
-      AND published_at < $3
-    RETURNING 1
-)
-SELECT coalesce(max(id), 0), count(*), coalesce(bool_or(created_at >= $3), false), (SELECT count(*) FROM gone)
-FROM chunk`
-
-// forgetStaleRetryingSQL removes the entries of retrying_events whose
-// event is no longer owed after a failure: left by hand, or while a trigger
-// was disabled. They hold nothing back (the claim checks each entry again)
-// but cost every claim a lookup. Each entry is looked up on its own (the
-// LATERAL with LIMIT 1), so that a long list never turns into a scan of
-// events. A failure being recorded meanwhile is not visible to this
-// statement, nor is its entry, which it therefore leaves alone.
-const forgetStaleRetryingSQL = `
-DELETE FROM {schema}.retrying_events d
-USING {schema}.retrying_events r
-LEFT JOIN LATERAL (
-    SELECT true AS owed FROM {schema}.events e
-    WHERE e.id = r.id AND e.created_at = r.created_at AND e.published_at IS NULL AND e.attempts > 0
-    LIMIT 1) x ON true
-WHERE d.id = r.id AND x.owed IS NULL`
 
 // Prune removes delivered events older than the retention window. An
 // undelivered event is never removed, whatever its age. In CDC mode
@@ -111,27 +62,26 @@ func Prune(ctx context.Context, db outbox.DB, cfg *PruneConfig) (PruneResult, er
 	setDefault(&c.DaysAhead, 7)
 	var res PruneResult
 	var partitioned bool
-	err := db.QueryRow(ctx, `SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)`,
-		qualify("{schema}.events", c.Schema)).Scan(&partitioned)
+	sql := tables.ProducerFor(c.Schema).Retention
+	err := db.QueryRow(ctx, sql.Partitioned, c.Schema).Scan(&partitioned)
 	if err != nil {
 		return res, fmt.Errorf("producer: prune: find events table in schema %q (%s): %w", c.Schema, migrateHint(err), err)
 	}
 	cutoff := time.Now().Add(-c.Retention)
-	table := "events"
+	stmt := sql.PruneEvents
 	if partitioned {
-		if err := db.QueryRow(ctx, qualify(`SELECT {schema}.create_event_partitions($1)`, c.Schema), c.DaysAhead).Scan(&res.PartitionsCreated); err != nil {
+		if err := db.QueryRow(ctx, sql.CreatePartitions, c.DaysAhead).Scan(&res.PartitionsCreated); err != nil {
 			return res, fmt.Errorf("producer: prune: create partitions: %w", err)
 		}
-		if err := db.QueryRow(ctx, qualify(`SELECT {schema}.drop_event_partitions($1)`, c.Schema), cutoff).Scan(&res.PartitionsDropped); err != nil {
+		if err := db.QueryRow(ctx, sql.DropPartitions, cutoff).Scan(&res.PartitionsDropped); err != nil {
 			return res, fmt.Errorf("producer: prune: drop partitions: %w", err)
 		}
 		// Rows that landed in the default partition are deleted row by row.
-		table = "events_default"
+		stmt = sql.PruneDefault
 	}
-	if _, err := db.Exec(ctx, qualify(forgetStaleRetryingSQL, c.Schema)); err != nil {
+	if _, err := db.Exec(ctx, sql.ForgetStaleRetrying); err != nil {
 		return res, fmt.Errorf("producer: prune: forget stale retrying events: %w", err)
 	}
-	stmt := tables.Fill(pruneChunkSQL, c.Schema, "{table}", pgx.Identifier{table}.Sanitize())
 	from := int64(math.MinInt64)
 	for {
 		var (

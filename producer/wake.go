@@ -1,8 +1,6 @@
 package producer
 
 import (
-	"crypto/md5" //nolint:gosec // names a channel, guards nothing; relays of every version must agree on it
-	"encoding/hex"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -12,34 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// wakeChannel is the LISTEN/NOTIFY channel of a schema's relays: a hash of
-// the schema, so that several outbox schemas in one database wake only their
-// own relays and a long schema name cannot overflow the 63-byte limit on
-// channel names. It is lower-case letters, digits and an underscore, safe
-// as an identifier and inside a string literal.
-func wakeChannel(schema string) string {
-	sum := md5.Sum([]byte(schema)) //nolint:gosec // as the import says
-	return "outbox_" + hex.EncodeToString(sum[:])[:16]
-}
-
-// wakeColumnsSQL are the last columns of a write's RETURNING when the write
-// asks whether a relay is idle: the first notifies the relays' channel if
-// one is, and says whether it did; the second says whether the answer is
-// fresh, which it is only under READ COMMITTED (otherwise the statement
-// reads the relays with the snapshot its transaction began with). The
-// subquery is uncorrelated, so it runs once per statement however many
-// rows the statement inserts. NOTIFY is transactional: the relays hear of
-// it only if the writer commits.
-//
-// NOTIFY is not sent from every write because a notifying transaction takes
-// a database-wide lock at commit and holds it across the WAL flush, so
-// notifying writers commit one at a time (at 16 connections that cost over
-// half the commits). An idle relay has little to contend with; a busy one
-// claims again straight after each batch and needs no signal.
-const wakeColumnsSQL = `, (SELECT count(pg_notify('{channel}', ''))
-    FROM (SELECT FROM {schema}.relays WHERE idle_until > now() LIMIT 1) AS idle) > 0,
-    current_setting('transaction_isolation') = 'read committed'`
 
 // wakeQuietFor is how long writes to a database skip the question after a
 // write found no relay idle, counted from when that write's statement was

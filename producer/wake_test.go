@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 func TestWakeGate(t *testing.T) {
@@ -102,7 +103,7 @@ func TestWakeAnswersThatAreNotFresh(t *testing.T) {
 		listener, err := pgx.Connect(ctx, db.Server.URL)
 		require.NoError(t, err)
 		t.Cleanup(func() { listener.Close(ctx) })
-		channel := wakeChannel(db.Schema)
+		channel := tables.WakeChannel(db.Schema)
 		_, err = listener.Exec(ctx, "LISTEN "+channel)
 		require.NoError(t, err)
 		// next returns the payload of the next notification; a marker sent

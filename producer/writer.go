@@ -62,9 +62,9 @@ type Writer struct {
 	// bad is why cfg cannot work (a schema name PostgreSQL would cut);
 	// Write returns it.
 	bad error
-	// The statements for one event and for several, each without and with
-	// the wake-up check (see wakeGate).
-	insertOne, insertOneWake, insertMany, insertManyWake string
+	// sql are the statements for one event and for several, each without
+	// and with the wake-up check (see wakeGate).
+	sql tables.Writer
 }
 
 // NewWriter returns a Writer for cfg (nil means defaults).
@@ -80,25 +80,18 @@ func NewWriter(cfg *WriterConfig) *Writer {
 	if maxPayload <= 0 {
 		maxPayload = DefaultMaxPayloadBytes
 	}
-	wake := tables.Fill(wakeColumnsSQL, schema, "{channel}", wakeChannel(schema))
-	build := func(sql, wakeColumn string) string {
-		return tables.Fill(sql, schema, "{wake}", wakeColumn)
-	}
 	var bad error
 	if err := tables.CheckSchema(schema); err != nil {
 		bad = fmt.Errorf("producer: %w", err)
 	}
 	return &Writer{
-		bad:            bad,
-		maxPayload:     maxPayload,
-		schema:         schema,
-		propagator:     cfg.Propagator,
-		cdc:            cfg.CDC,
-		topic:          cfg.Topic,
-		insertOne:      build(insertEventSQL, ""),
-		insertOneWake:  build(insertEventSQL, wake),
-		insertMany:     build(insertEventsSQL, ""),
-		insertManyWake: build(insertEventsSQL, wake),
+		bad:        bad,
+		maxPayload: maxPayload,
+		schema:     schema,
+		propagator: cfg.Propagator,
+		cdc:        cfg.CDC,
+		topic:      cfg.Topic,
+		sql:        tables.ProducerFor(schema).Writer,
 	}
 }
 
@@ -108,63 +101,6 @@ var defaultWriter = NewWriter(nil)
 func Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 	return defaultWriter.Write(ctx, tx, events...)
 }
-
-// insertEventsSQL writes a whole call in one round trip.
-//
-// The sequences upsert runs first and locks each aggregate's row in
-// (aggregate_type, aggregate_id) order; a concurrent writer of the same
-// aggregate waits there until this transaction ends, so sequence order is
-// commit order, and the sorted order keeps two multi-aggregate writers from
-// deadlocking each other. Events of one aggregate in one call get
-// consecutive numbers, in call order. Ids are drawn after the lock, so they
-// rise with the sequence too. {wake} is empty or wakeColumnsSQL.
-const insertEventsSQL = `
-WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::text[], $7::text[], $8::bytea[], $9::text[]) WITH ORDINALITY
-        AS i(event_id, idempotency_key, aggregate_type, aggregate_id, event_type,
-             topic, content_type, payload, headers, ord)
-), counts AS (
-    SELECT aggregate_type, aggregate_id, count(*) AS n
-    FROM input GROUP BY aggregate_type, aggregate_id
-), bumped AS (
-    INSERT INTO {schema}.sequences AS s (aggregate_type, aggregate_id, last_seq)
-    SELECT aggregate_type, aggregate_id, n FROM counts ORDER BY aggregate_type, aggregate_id
-    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
-    RETURNING aggregate_type, aggregate_id, last_seq
-)
-INSERT INTO {schema}.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
-                             event_type, topic, content_type, payload, headers)
-SELECT i.event_id::uuid, i.idempotency_key, i.aggregate_type, i.aggregate_id,
-       b.last_seq - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
-       i.event_type, nullif(i.topic, ''), nullif(i.content_type, ''), i.payload, i.headers::jsonb
-FROM input i
-JOIN counts c USING (aggregate_type, aggregate_id)
-JOIN bumped b USING (aggregate_type, aggregate_id)
-ORDER BY i.ord
-RETURNING id, event_id::text, aggregate_seq{wake}`
-
-// insertEventSQL is insertEventsSQL for the common single event: the same
-// locking, without the array unpacking, grouping and window function, which
-// cost more than the inserts themselves. The row comes out of bumped, so
-// its id is drawn only after the upsert took the sequence row's lock: with
-// the sequence as a scalar subquery of VALUES instead, the id could be drawn
-// first, and a writer waiting for the lock would hold a lower id than the
-// one it waits for, with a higher sequence; the relay, which publishes in
-// id order, would then put them on the wire out of order. NULL parameters
-// stand for no topic, no content type and no headers.
-const insertEventSQL = `
-WITH bumped AS (
-    INSERT INTO {schema}.sequences AS s (aggregate_type, aggregate_id, last_seq)
-    VALUES ($3, $4, 1)
-    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + 1
-    RETURNING last_seq
-)
-INSERT INTO {schema}.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
-                             event_type, topic, content_type, payload, headers)
-SELECT $1::uuid, $2, $3, $4, last_seq, $5, $6::text, $7::text, $8, coalesce($9::jsonb, '{}')
-FROM bumped
-RETURNING id, aggregate_seq{wake}`
 
 // Write inserts events into the outbox inside tx and returns, in the order
 // given, their ids and sequence numbers. The events become visible to the
@@ -317,9 +253,9 @@ func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) 
 	wr := Written{EventID: s.id}
 	var wake wakeAnswer
 	if check {
-		err = tx.QueryRow(ctx, w.insertOneWake, args...).Scan(&wr.ID, &wr.Seq, &wake.woke, &wake.fresh)
+		err = tx.QueryRow(ctx, w.sql.InsertOneWake, args...).Scan(&wr.ID, &wr.Seq, &wake.woke, &wake.fresh)
 	} else {
-		err = tx.QueryRow(ctx, w.insertOne, args...).Scan(&wr.ID, &wr.Seq)
+		err = tx.QueryRow(ctx, w.sql.InsertOne, args...).Scan(&wr.ID, &wr.Seq)
 	}
 	if err != nil {
 		return nil, wakeAnswer{}, writeErr(err, []Event{*e})
@@ -355,9 +291,9 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 		topics[i], contentTypes[i] = w.topicOf(e), e.ContentType
 		index[s.id] = i
 	}
-	sql := w.insertMany
+	sql := w.sql.InsertMany
 	if check {
-		sql = w.insertManyWake
+		sql = w.sql.InsertManyWake
 	}
 	rows, err := tx.Query(ctx, sql, eventIDs, keys, aggTypes, aggIDs, eventTypes, topics, contentTypes, payloads, headers)
 	if err != nil {
@@ -428,6 +364,3 @@ func writeErr(err error, events []Event) error {
 	}
 	return fmt.Errorf("producer: insert events: %w", err)
 }
-
-// qualify puts the quoted schema where sql says {schema} (tables.Fill).
-func qualify(sql, schema string) string { return tables.Fill(sql, schema) }

@@ -33,6 +33,11 @@ type Parked struct {
 	// Ready lists up to $2 aggregates whose next parked record is in line,
 	// oldest first.
 	Ready string
+	// List pages aggregate ($2, $3)'s parked records along the primary key
+	// (consumer, aggregate_type, aggregate_id, seq): up to $5 with a
+	// sequence above $4. It reads 256 bytes of each key and value and no
+	// headers: a listing's memory stays bounded whatever the records hold.
+	List string
 }
 
 func parked(q func(string) string) Parked {
@@ -92,5 +97,12 @@ ORDER BY h.aggregate_type, h.aggregate_id`),
 		Ready: q(`SELECT k.aggregate_type, k.aggregate_id FROM {schema}.parked k JOIN {schema}.positions p USING (consumer, aggregate_type, aggregate_id)
 WHERE k.consumer = $1 AND k.seq = p.last_seq + 1
 ORDER BY k.parked_at LIMIT $2`),
+		List: q(`
+SELECT seq, topic, kafka_partition, kafka_offset, substring(record_key for 256), substring(value for 256),
+       NULL::text[], NULL::bytea[], record_time, idempotency_key, parked_at
+FROM {schema}.parked
+WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND seq > $4
+ORDER BY seq
+LIMIT $5`),
 	}
 }

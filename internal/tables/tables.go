@@ -20,6 +20,7 @@ type Consumer struct {
 	DeadLetters DeadLetters
 	HotPath     HotPath
 	Members     Members
+	Reads       Reads
 }
 
 // Fill is how every statement of the SDK gets its schema: it writes
@@ -51,7 +52,7 @@ func CheckSchema(schema string) error {
 	return nil
 }
 
-// For returns the statements with schema written in, quoted.
+// For returns the consumer's statements with schema written in, quoted.
 func For(schema string) *Consumer {
 	q := func(sql string) string { return Fill(sql, schema) }
 	return &Consumer{
@@ -61,6 +62,7 @@ func For(schema string) *Consumer {
 		DeadLetters: deadLetters(q),
 		HotPath:     hotPath(q),
 		Members:     members(q),
+		Reads:       reads(q),
 	}
 }
 

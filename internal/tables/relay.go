@@ -1,38 +1,100 @@
-package producer
+package tables
 
-import "github.com/d419a114/outbox/internal/tables"
+// RelayBuckets is how many hash buckets the relays spread the aggregates
+// over. It is fixed, not configuration: every instance must agree on it,
+// and 64 allows up to 64 instances per database. bucketExprE computes a
+// row's bucket with it.
+const RelayBuckets = 64
 
-// relaySQL holds the relay's statements with the schema filled in.
-type relaySQL struct {
-	claim, heartbeat, leasedAggregates, setIdle, leave           string
-	markDelivered, release, recordFailures, moveDead, renewLease string
-	anyUndelivered                                               string
-	// addActivity and pruneActivity count the events delivered per
+// hashExprE is an event row's aggregate hash, in a query that calls the
+// events table e: the value an aggregate's bucket derives from, and the
+// value the claim compares to leave the aggregates in flight out. It is
+// computed where rows are claimed rather than stored with every write.
+// bucketExprE maps the hash to its bucket (0 to RelayBuckets-1); it must
+// agree everywhere, and with the relay's bucketOf.
+const (
+	hashExprE   = `hashtext(e.aggregate_type || ':' || e.aggregate_id)`
+	bucketExprE = `((` + hashExprE + ` % 64) + 64) % 64`
+)
+
+// claimedColumns are the columns of a claimed event, in the order the
+// relay scans them, its bucket hash last.
+const claimedColumns = `e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggregate_id,
+       e.aggregate_seq, e.event_type, e.topic, e.content_type, e.payload, e.headers,
+       e.created_at, e.attempts, e.permanent_failures, ` + hashExprE
+
+// Relay are the relay's statements on events, dead_events, relays and
+// activity, and on the advisory locks of its buckets.
+type Relay struct {
+	// Claim leases the next batch of buckets $1 (at most $2 rows, for $3
+	// milliseconds), leaving out the aggregates of hashes $4, and returns
+	// it as claimedColumns and the lease; see claim.
+	Claim string
+	// Heartbeat renews relay $1's row (idle $2 for $3 milliseconds),
+	// sweeps the dead ones and counts the live instances (staleness $4
+	// milliseconds); see heartbeat.
+	Heartbeat string
+	// LeasedAggregates finds the leased aggregates of buckets $1 but those
+	// of hashes $2; see leasedAggregates.
+	LeasedAggregates string
+	// SetIdle says relay $1 is idle for $2 more milliseconds.
+	SetIdle string
+	// Leave deletes relay $1's row: it stopped.
+	Leave string
+	// MarkDelivered marks the events $1 delivered.
+	MarkDelivered string
+	// Release gives the events $1 still under lease $2 back, unattempted.
+	Release string
+	// RecordFailures counts a failed attempt on each of the events $1; see
+	// recordFailures.
+	RecordFailures string
+	// MoveDead moves the events $1 that failed permanently $2 times to
+	// dead_events, holding their aggregates when $3; see moveDead.
+	MoveDead string
+	// RenewLease extends lease $2 of the events $1 by $3 milliseconds;
+	// see renewLease.
+	RenewLease string
+	// AnyUndelivered says whether any event is undelivered. The partial
+	// index on undelivered rows answers it at once.
+	AnyUndelivered string
+	// AddActivity and PruneActivity count the events delivered per
 	// minute, under the relay's own id so that relays never wait on one
-	// another's row (see tables.Members).
-	addActivity, pruneActivity string
+	// another's row (see Members).
+	AddActivity, PruneActivity string
+	// LockBuckets takes, of buckets $2 in order, the advisory locks (key
+	// $1) free now, at most $3 of them, and returns those taken. Without
+	// ORDER BY the function scan yields the array in order and the LIMIT
+	// stops it, so no more locks are taken than wanted.
+	LockBuckets string
+	// UnlockBuckets gives up the advisory locks (key $1) of buckets $2.
+	UnlockBuckets string
+	// Listen listens on the schema's WakeChannel, where writers wake an
+	// idle relay.
+	Listen string
 }
 
-func newRelaySQL(schema string) relaySQL {
-	return relaySQL{
-		claim:            qualify(claimSQL, schema),
-		heartbeat:        qualify(heartbeatSQL, schema),
-		leasedAggregates: qualify(leasedAggregatesSQL, schema),
-		setIdle:          qualify(setIdleSQL, schema),
-		leave:            qualify(`DELETE FROM {schema}.relays WHERE relay_id = $1`, schema),
-		markDelivered:    qualify(markDeliveredSQL, schema),
-		release:          qualify(`UPDATE {schema}.events SET leased_until = NULL WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND leased_until = $2`, schema),
-		recordFailures:   qualify(recordFailuresSQL, schema),
-		moveDead:         qualify(moveDeadSQL, schema),
-		renewLease:       qualify(renewLeaseSQL, schema),
-		// The partial index on undelivered rows answers it at once.
-		anyUndelivered: qualify(`SELECT EXISTS (SELECT 1 FROM {schema}.events WHERE published_at IS NULL)`, schema),
-		addActivity:    tables.For(schema).Members.AddActivity,
-		pruneActivity:  tables.For(schema).Members.PruneActivity,
+func relay(q func(string) string, schema string) Relay {
+	return Relay{
+		Claim:            q(claim),
+		Heartbeat:        q(heartbeat),
+		LeasedAggregates: q(leasedAggregates),
+		SetIdle:          q(setIdle),
+		Leave:            q(`DELETE FROM {schema}.relays WHERE relay_id = $1`),
+		MarkDelivered:    q(markDelivered),
+		Release:          q(`UPDATE {schema}.events SET leased_until = NULL WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND leased_until = $2`),
+		RecordFailures:   q(recordFailures),
+		MoveDead:         q(moveDead),
+		RenewLease:       q(renewLease),
+		AnyUndelivered:   q(`SELECT EXISTS (SELECT 1 FROM {schema}.events WHERE published_at IS NULL)`),
+		AddActivity:      members(q).AddActivity,
+		PruneActivity:    members(q).PruneActivity,
+		LockBuckets:      `SELECT b FROM unnest($2::int[]) AS b WHERE pg_try_advisory_lock($1, b) LIMIT $3`,
+		UnlockBuckets:    `SELECT pg_advisory_unlock($1, b) FROM unnest($2::int[]) AS b`,
+		Listen:           "LISTEN " + WakeChannel(schema),
 	}
 }
 
-// claimSQL leases the next batch in the given buckets and returns it.
+// claim leases the next batch in the given buckets and returns it.
 //
 // Candidates are the lowest-id due rows, read through the partial index on
 // undelivered rows. They are read first without locks and then locked one
@@ -98,7 +160,7 @@ func newRelaySQL(schema string) relaySQL {
 // that lost their bucket, or by a batch of this relay whose outcome could
 // not be recorded (see bucketOwner.holds). Leaving them out before the
 // LIMIT keeps their leased rows from filling the batch.
-const claimSQL = `
+const claim = `
 WITH retrying AS MATERIALIZED (
     SELECT e.id, e.aggregate_type, e.aggregate_id, e.next_attempt_at, e.leased_until
     FROM {schema}.retrying_events r
@@ -160,7 +222,7 @@ SET leased_until = now() + $3 * interval '1 millisecond'
 WHERE e.id = ANY(ARRAY(SELECT id FROM ready))
 RETURNING ` + claimedColumns + `, e.leased_until`
 
-// heartbeatSQL renews this instance's row, with the pid of the lock
+// heartbeat renews this instance's row, with the pid of the lock
 // session it runs on (which it also returns, for the relay to see that it
 // stays the same), and counts the live instances: those with a fresh
 // heartbeat whose lock session still exists (a row without a pid, from a
@@ -168,7 +230,7 @@ RETURNING ` + claimedColumns + `, e.leased_until`
 // for ten times the staleness are swept here too. The staleness ($4,
 // milliseconds) is cast: next to the integer 10, PostgreSQL would take it
 // for an int4, which ends at 24.8 days.
-const heartbeatSQL = `
+const heartbeat = `
 WITH beat AS (
     INSERT INTO {schema}.relays (relay_id, heartbeat_at, idle_until, session_pid)
     VALUES ($1, now(), CASE WHEN $2 THEN now() + $3 * interval '1 millisecond' END, pg_backend_pid())
@@ -181,13 +243,13 @@ SELECT 1 + count(*), pg_backend_pid() FROM {schema}.relays r
 WHERE r.heartbeat_at > now() - $4 * interval '1 millisecond' AND r.relay_id <> $1
   AND (r.session_pid IS NULL OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session_pid))`
 
-// leasedAggregatesSQL finds the aggregates of the given buckets that have
+// leasedAggregates finds the aggregates of the given buckets that have
 // undelivered rows under a lease, leaving out those of the batch in flight
 // ($2, bucket hashes), and in how many seconds their last lease ends
 // (computed by the server, so clock skew between hosts does not matter).
 // It reads the whole backlog of the buckets; it runs when buckets are taken
 // and when a hold ends, not per claim.
-const leasedAggregatesSQL = `
+const leasedAggregates = `
 SELECT ` + bucketExprE + ` AS bucket, ` + hashExprE + ` AS hash, e.aggregate_type, e.aggregate_id,
        extract(epoch FROM max(e.leased_until) - now())::float8
 FROM {schema}.events e
@@ -195,22 +257,22 @@ WHERE e.published_at IS NULL AND e.leased_until > now() AND ` + bucketExprE + ` 
   AND ` + hashExprE + ` NOT IN (SELECT unnest($2::int[]))
 GROUP BY 1, 2, 3, 4`
 
-const setIdleSQL = `
+const setIdle = `
 UPDATE {schema}.relays SET idle_until = now() + $2 * interval '1 millisecond' WHERE relay_id = $1`
 
-const markDeliveredSQL = `
+const markDelivered = `
 UPDATE {schema}.events SET published_at = now(), leased_until = NULL
 WHERE id = ANY($1::bigint[]) AND published_at IS NULL`
 
-// recordFailuresSQL counts an attempt on each failed row and schedules its
+// recordFailures counts an attempt on each failed row and schedules its
 // retry; permanent errors also count towards the dead-event cap.
 //
-// Like release and moveDead, it touches only rows still under this batch's
+// Like Release and MoveDead, it touches only rows still under this batch's
 // lease ($5, the lease the claim set): a relay whose lease ran out while it
 // waited for the broker must not undo what a newer claim of the same rows
 // did. Marking delivered needs no such check: an acknowledged event is on
 // the wire whoever claimed it last.
-const recordFailuresSQL = `
+const recordFailures = `
 UPDATE {schema}.events e
 SET attempts = e.attempts + 1,
     permanent_failures = e.permanent_failures + f.permanent,
@@ -220,11 +282,11 @@ SET attempts = e.attempts + 1,
 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[]) AS f(id, permanent, error, delay_ms)
 WHERE e.id = f.id AND e.published_at IS NULL AND e.leased_until = $5`
 
-// moveDeadSQL moves rows that reached the cap out of events, keeping every
+// moveDead moves rows that reached the cap out of events, keeping every
 // column and the last error, so the event can be replayed as it was. It
-// runs right after recordFailuresSQL in the same transaction, which cleared
+// runs right after recordFailures in the same transaction, which cleared
 // the lease of exactly the rows this batch still held.
-const moveDeadSQL = `
+const moveDead = `
 WITH gone AS (
     DELETE FROM {schema}.events
     WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND permanent_failures >= $2
@@ -244,9 +306,9 @@ ON CONFLICT (id) DO UPDATE SET
     status = 'dead', died_at = now(), resolved_at = NULL
 RETURNING id, aggregate_type, aggregate_id, aggregate_seq, last_error`
 
-// renewLeaseSQL extends the lease of a batch's rows that still carry its
+// renewLease extends the lease of a batch's rows that still carry its
 // lease, and returns the new lease (NULL when none did).
-const renewLeaseSQL = `
+const renewLease = `
 WITH renewed AS (
     UPDATE {schema}.events SET leased_until = now() + $3 * interval '1 millisecond'
     WHERE id = ANY($1::bigint[]) AND published_at IS NULL AND leased_until = $2

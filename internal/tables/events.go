@@ -1,0 +1,122 @@
+package tables
+
+import (
+	"crypto/md5" //nolint:gosec // names a channel, guards nothing; relays of every version must agree on it
+	"encoding/hex"
+)
+
+// Writer are the statements of producer.Writer on events and sequences:
+// one event or several, each without and with the wake-up check
+// (wakeColumns). Parameters: see insertEvent and insertEvents.
+type Writer struct {
+	// InsertOne writes one event: $1 event id, $2 idempotency key, $3 and
+	// $4 aggregate type and id, $5 event type, $6 topic, $7 content type,
+	// $8 payload, $9 headers (NULL for none); it returns its id and
+	// sequence.
+	InsertOne string
+	// InsertOneWake is InsertOne that also wakes an idle relay and says
+	// whether it did and whether the answer is fresh.
+	InsertOneWake string
+	// InsertMany writes the events of arrays $1 to $9 (InsertOne's
+	// parameters, one element per event) and returns each one's id, event
+	// id and sequence, in the order given.
+	InsertMany string
+	// InsertManyWake is InsertMany with InsertOneWake's wake-up check.
+	InsertManyWake string
+}
+
+// insertEvents writes a whole call in one round trip.
+//
+// The sequences upsert runs first and locks each aggregate's row in
+// (aggregate_type, aggregate_id) order; a concurrent writer of the same
+// aggregate waits there until this transaction ends, so sequence order is
+// commit order, and the sorted order keeps two multi-aggregate writers from
+// deadlocking each other. Events of one aggregate in one call get
+// consecutive numbers, in call order. Ids are drawn after the lock, so they
+// rise with the sequence too. {wake} is empty or wakeColumns.
+const insertEvents = `
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::text[], $8::bytea[], $9::text[]) WITH ORDINALITY
+        AS i(event_id, idempotency_key, aggregate_type, aggregate_id, event_type,
+             topic, content_type, payload, headers, ord)
+), counts AS (
+    SELECT aggregate_type, aggregate_id, count(*) AS n
+    FROM input GROUP BY aggregate_type, aggregate_id
+), bumped AS (
+    INSERT INTO {schema}.sequences AS s (aggregate_type, aggregate_id, last_seq)
+    SELECT aggregate_type, aggregate_id, n FROM counts ORDER BY aggregate_type, aggregate_id
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
+    RETURNING aggregate_type, aggregate_id, last_seq
+)
+INSERT INTO {schema}.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
+                             event_type, topic, content_type, payload, headers)
+SELECT i.event_id::uuid, i.idempotency_key, i.aggregate_type, i.aggregate_id,
+       b.last_seq - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
+       i.event_type, nullif(i.topic, ''), nullif(i.content_type, ''), i.payload, i.headers::jsonb
+FROM input i
+JOIN counts c USING (aggregate_type, aggregate_id)
+JOIN bumped b USING (aggregate_type, aggregate_id)
+ORDER BY i.ord
+RETURNING id, event_id::text, aggregate_seq{wake}`
+
+// insertEvent is insertEvents for the common single event: the same
+// locking, without the array unpacking, grouping and window function, which
+// cost more than the inserts themselves. The row comes out of bumped, so
+// its id is drawn only after the upsert took the sequence row's lock: with
+// the sequence as a scalar subquery of VALUES instead, the id could be drawn
+// first, and a writer waiting for the lock would hold a lower id than the
+// one it waits for, with a higher sequence; the relay, which publishes in
+// id order, would then put them on the wire out of order. NULL parameters
+// stand for no topic, no content type and no headers.
+const insertEvent = `
+WITH bumped AS (
+    INSERT INTO {schema}.sequences AS s (aggregate_type, aggregate_id, last_seq)
+    VALUES ($3, $4, 1)
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + 1
+    RETURNING last_seq
+)
+INSERT INTO {schema}.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
+                             event_type, topic, content_type, payload, headers)
+SELECT $1::uuid, $2, $3, $4, last_seq, $5, $6::text, $7::text, $8, coalesce($9::jsonb, '{}')
+FROM bumped
+RETURNING id, aggregate_seq{wake}`
+
+// wakeColumns are the last columns of a write's RETURNING when the write
+// asks whether a relay is idle: the first notifies the relays' channel if
+// one is, and says whether it did; the second says whether the answer is
+// fresh, which it is only under READ COMMITTED (otherwise the statement
+// reads the relays with the snapshot its transaction began with). The
+// subquery is uncorrelated, so it runs once per statement however many
+// rows the statement inserts. NOTIFY is transactional: the relays hear of
+// it only if the writer commits.
+//
+// NOTIFY is not sent from every write because a notifying transaction takes
+// a database-wide lock at commit and holds it across the WAL flush, so
+// notifying writers commit one at a time (at 16 connections that cost over
+// half the commits). An idle relay has little to contend with; a busy one
+// claims again straight after each batch and needs no signal.
+const wakeColumns = `, (SELECT count(pg_notify('{channel}', ''))
+    FROM (SELECT FROM {schema}.relays WHERE idle_until > now() LIMIT 1) AS idle) > 0,
+    current_setting('transaction_isolation') = 'read committed'`
+
+// WakeChannel is the LISTEN/NOTIFY channel of a schema's relays: a hash of
+// the schema, so that several outbox schemas in one database wake only their
+// own relays and a long schema name cannot overflow the 63-byte limit on
+// channel names. It is lower-case letters, digits and an underscore, safe
+// as an identifier and inside a string literal.
+func WakeChannel(schema string) string {
+	sum := md5.Sum([]byte(schema)) //nolint:gosec // as the import says
+	return "outbox_" + hex.EncodeToString(sum[:])[:16]
+}
+
+func writer(schema string) Writer {
+	wake := Fill(wakeColumns, schema, "{channel}", WakeChannel(schema))
+	build := func(sql, wakeColumns string) string { return Fill(sql, schema, "{wake}", wakeColumns) }
+	return Writer{
+		InsertOne:      build(insertEvent, ""),
+		InsertOneWake:  build(insertEvent, wake),
+		InsertMany:     build(insertEvents, ""),
+		InsertManyWake: build(insertEvents, wake),
+	}
+}
