@@ -52,23 +52,21 @@ func Migrations() fs.FS {
 	return sub
 }
 
-// Migration is one numbered migration file.
-type Migration struct {
-	// Version is the number the file name starts with.
+// migration is one numbered migration file: its version (the number the
+// name starts with), its file name and its content.
+type migration struct {
 	Version int
-	// Name is the file name.
-	Name string
-	// SQL is the file's content.
-	SQL string
+	Name    string
+	SQL     string
 }
 
-// MigrationList returns the numbered migrations in the order they apply.
-func MigrationList() ([]Migration, error) {
+// migrationList returns the numbered migrations in the order they apply.
+func migrationList() ([]migration, error) {
 	entries, err := fs.ReadDir(migrationFiles, "migrations")
 	if err != nil {
 		return nil, fmt.Errorf("read embedded migrations: %w", err)
 	}
-	var list []Migration
+	var list []migration
 	for _, e := range entries {
 		name := e.Name()
 		prefix, _, ok := strings.Cut(name, "_")
@@ -80,7 +78,7 @@ func MigrationList() ([]Migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read migration %s: %w", name, err)
 		}
-		list = append(list, Migration{Version: version, Name: name, SQL: string(body)})
+		list = append(list, migration{Version: version, Name: name, SQL: string(body)})
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].Version < list[j].Version })
 	return list, nil
@@ -124,7 +122,7 @@ func Migrate(ctx context.Context, db DB, cfg *MigrateConfig) ([]int, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	list, err := MigrationList()
+	list, err := migrationList()
 	if err != nil {
 		return nil, err
 	}
@@ -243,7 +241,7 @@ func CheckMigrated(ctx context.Context, db DB, schema string) error {
 	if schema == "" {
 		schema = DefaultSchema
 	}
-	list, err := MigrationList()
+	list, err := migrationList()
 	if err != nil {
 		return err
 	}

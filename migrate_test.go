@@ -88,6 +88,35 @@ func TestMigrate(t *testing.T) {
 		require.Equal(t, "p", kind)
 	})
 
+	// The relay, retention and the health view read events the same way
+	// on both layouts: the columns (name, type, nullability, default) and
+	// the names of the indexes must be the same.
+	t.Run("LayoutsHaveTheSameEventsTable", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		shape := func(partitioned bool) (columns, indexes []string) {
+			pool, schema := setup(t)
+			_, err := outbox.Migrate(ctx, pool, &outbox.MigrateConfig{Schema: schema, PartitionEventsByDay: partitioned})
+			require.NoError(t, err)
+			rows, err := pool.Query(ctx, `SELECT column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
+				FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'events' ORDER BY ordinal_position`, schema)
+			require.NoError(t, err)
+			columns, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			rows, err = pool.Query(ctx, `SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+				WHERE i.indrelid = $1::regclass ORDER BY 1`, pgx.Identifier{schema, "events"}.Sanitize())
+			require.NoError(t, err)
+			indexes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			return columns, indexes
+		}
+		plainColumns, plainIndexes := shape(false)
+		dayColumns, dayIndexes := shape(true)
+		require.NotEmpty(t, plainColumns)
+		require.Equal(t, plainColumns, dayColumns, "the events columns differ between the plain and the day-partitioned layout")
+		require.Equal(t, plainIndexes, dayIndexes, "the events indexes differ between the plain and the day-partitioned layout")
+	})
+
 	// retrying_events must list every undelivered event that failed at
 	// least once: the relay's claim finds the events that hold back their
 	// aggregates there and nowhere else.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"strconv"
 	"time"
@@ -14,14 +15,20 @@ import (
 	"github.com/d419a114/outbox/producer"
 )
 
-// printSQL prints the migrations, in order.
+// printSQL prints the numbered migrations, in order: their names start
+// with four digits, so their lexical order is their order.
 func printSQL(out io.Writer) error {
-	list, err := outbox.MigrationList()
+	files := outbox.Migrations()
+	names, err := fs.Glob(files, "[0-9][0-9][0-9][0-9]_*.sql")
 	if err != nil {
 		return err
 	}
-	for _, m := range list {
-		fmt.Fprintf(out, "-- %s\n%s\n", m.Name, m.SQL)
+	for _, name := range names {
+		body, err := fs.ReadFile(files, name)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "-- %s\n%s\n", name, body)
 	}
 	return nil
 }
