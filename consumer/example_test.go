@@ -46,11 +46,10 @@ func ExampleHandle() {
 	}
 
 	record := func(offset, seq int64, step string) *kgo.Record {
-		return &kgo.Record{Topic: "orders", Offset: offset, Key: []byte("o-1"), Value: []byte(step), Headers: []kgo.RecordHeader{
-			{Key: outbox.HeaderEventID, Value: []byte(fmt.Sprint("evt-", seq))},
-			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
-			{Key: outbox.HeaderAggregateSeq, Value: []byte(fmt.Sprint(seq))},
-		}}
+		r := producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: "o-1", EventType: "order." + step, Payload: []byte(step)},
+			producer.Stamp{EventID: fmt.Sprint("evt-", seq), Seq: seq})
+		r.Offset = offset
+		return r
 	}
 	// As a poll loop might see them: 2 before 1, and 1 twice.
 	for _, r := range []*kgo.Record{record(0, 2, "packed"), record(1, 1, "paid"), record(2, 1, "paid")} {
@@ -124,11 +123,10 @@ func ExampleHandle_publish() {
 	}
 
 	record := func(offset int64, order string) *kgo.Record {
-		return &kgo.Record{Topic: "orders", Offset: offset, Key: []byte(order), Value: []byte(order + " paid"), Headers: []kgo.RecordHeader{
-			{Key: outbox.HeaderEventID, Value: []byte("paid-" + order)},
-			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
-			{Key: outbox.HeaderAggregateSeq, Value: []byte("1")},
-		}}
+		r := producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: order, EventType: "order.paid", Payload: []byte(order + " paid")},
+			producer.Stamp{EventID: "paid-" + order, Seq: 1})
+		r.Offset = offset
+		return r
 	}
 	// o-1 arrives twice; o-2's first try fails.
 	for i, r := range []*kgo.Record{record(0, "o-1"), record(1, "o-1"), record(2, "o-2")} {
@@ -362,11 +360,10 @@ func ExampleProcessor_Replay() {
 		return
 	}
 	record := func(offset, seq int64) *kgo.Record {
-		return &kgo.Record{Topic: "orders", Offset: offset, Key: []byte("o-7"), Headers: []kgo.RecordHeader{
-			{Key: outbox.HeaderEventID, Value: []byte(fmt.Sprint("evt-", seq))},
-			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
-			{Key: outbox.HeaderAggregateSeq, Value: []byte(fmt.Sprint(seq))},
-		}}
+		r := producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: "o-7", EventType: "order.changed"},
+			producer.Stamp{EventID: fmt.Sprint("evt-", seq), Seq: seq})
+		r.Offset = offset
+		return r
 	}
 	var letter int64
 	for i, seq := range []int64{1, 2} {
@@ -443,11 +440,10 @@ func ExampleBatchHandler() {
 	}
 
 	record := func(offset int64, account string, seq int64, amount string) *kgo.Record {
-		return &kgo.Record{Topic: "payments", Offset: offset, Key: []byte(account), Value: []byte(amount), Headers: []kgo.RecordHeader{
-			{Key: outbox.HeaderEventID, Value: []byte(fmt.Sprintf("%s-%d", account, seq))},
-			{Key: outbox.HeaderAggregateType, Value: []byte("account")},
-			{Key: outbox.HeaderAggregateSeq, Value: []byte(fmt.Sprint(seq))},
-		}}
+		r := producer.Record("payments", producer.Event{AggregateType: "account", AggregateID: account, EventType: "account.moved", Payload: []byte(amount)},
+			producer.Stamp{EventID: fmt.Sprintf("%s-%d", account, seq), Seq: seq})
+		r.Offset = offset
+		return r
 	}
 	recs := []*kgo.Record{record(0, "a", 1, "10"), record(1, "b", 1, "5"), record(2, "a", 2, "-3"), record(3, "a", 1, "10")}
 	res, err := p.ProcessBatch(ctx, recs)

@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // ServeOne claims one operator request and carries it out, for tests that
@@ -15,3 +17,7 @@ var ServeOne = (*Processor).serveOne
 func SetRequestLease(p *Processor, lease time.Duration, beat func(context.Context)) {
 	p.requests = requestTuning{lease: lease, beat: beat}
 }
+
+// Parse reads rec as the Processor does, without a Config.KeyFunc or a
+// value limit.
+func Parse(rec *kgo.Record) (*Message, error) { return parse(rec, nil, 0) }

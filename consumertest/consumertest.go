@@ -46,14 +46,16 @@ type Config struct {
 	// implements consumer.BatchHandler, ProcessBatch applies batches
 	// through HandleBatch, and Run checks that this changes nothing.
 	Handler consumer.Handler
-	// Records are sample records as your producer writes them, each
-	// aggregate's in sequence order without a hole (an aggregate may start
-	// above 1: Run then skips the earlier sequences as an operator would,
-	// with ResolveGap, or under ordering.FirstSeenBaseline delivers that
-	// record first). Records without a sequence header are fine. Each
-	// must carry an idempotency key (see consumer.Config.KeyFunc). Run
-	// copies them; Topic defaults to "consumertest", and Partition and
-	// Offset are its own. Required.
+	// Records are sample records as your producer writes them, most
+	// simply Records(events...), each aggregate's in sequence order
+	// without a hole (an aggregate may start above 1: Run then skips the
+	// earlier sequences as an operator would, with ResolveGap, or under
+	// ordering.FirstSeenBaseline delivers that record first). Records
+	// without a sequence header are fine. Each must carry an idempotency
+	// key of its own (see consumer.Config.KeyFunc); Run delivers
+	// duplicates itself. Check refuses records that break these rules
+	// before it starts. Run copies them; Topic defaults to
+	// "consumertest", and Partition and Offset are its own. Required.
 	Records []*kgo.Record
 
 	// Reset empties the tables the handler writes, before each schedule
@@ -123,9 +125,16 @@ func Check(ctx context.Context, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
+	var keyFunc func(*kgo.Record) (string, error)
+	if cfg.Consumer != nil {
+		keyFunc = cfg.Consumer.KeyFunc
+	}
+	samples, err := readSamples(cfg.Records, keyFunc)
+	if err != nil {
+		return err
+	}
 	pool := cfg.DB
 	if pool == nil {
-		var err error
 		if pool, err = pgxpool.New(ctx, cfg.DSN); err != nil {
 			return fmt.Errorf("consumertest: connect: %w", err)
 		}
@@ -163,7 +172,6 @@ func Check(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	samples := describe(cfg.Records)
 	h := &harness{cfg: &cfg, ccfg: ccfg, pool: pool, logTable: logTable, samples: samples, tag: randomHex(4)}
 	if _, ok := cfg.Handler.(consumer.BatchHandler); ok {
 		// Drawn schedules may roll every batch back to one record per
@@ -235,35 +243,6 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// sample is what Run reads of a sample record's headers: its aggregate
-// and sequence (0 when it has none).
-type sample struct {
-	agg ordering.Aggregate
-	seq int64
-}
-
-func describe(recs []*kgo.Record) []sample {
-	out := make([]sample, len(recs))
-	for i, r := range recs {
-		var s sample
-		for _, h := range r.Headers {
-			switch h.Key {
-			case outbox.HeaderAggregateType:
-				s.agg.Type = string(h.Value)
-			case outbox.HeaderAggregateID:
-				s.agg.ID = string(h.Value)
-			case outbox.HeaderAggregateSeq:
-				s.seq, _ = strconv.ParseInt(strings.TrimSpace(string(h.Value)), 10, 64)
-			}
-		}
-		if s.agg.ID == "" {
-			s.agg.ID = string(r.Key)
-		}
-		out[i] = s
-	}
-	return out
-}
-
 // harness runs schedules.
 type harness struct {
 	cfg      *Config
@@ -311,12 +290,21 @@ func (h *harness) check(ctx context.Context, seed uint64, sc *schedule) error {
 	}
 	a, b := perAggregate(outs[0]), perAggregate(outs[1])
 	if !reflect.DeepEqual(a, b) {
-		return fail("both", "Process applied %v, ProcessBatch %v: with a BatchHandler, HandleBatch must have exactly the effect of Handle for each message", a, b)
+		return fail("both", "Process applied %v, ProcessBatch %v: %s", a, b, h.sameEffect())
 	}
 	if h.cfg.State != nil && !reflect.DeepEqual(outs[0].state, outs[1].state) {
-		return fail("both", "State after Process is %#v, after ProcessBatch %#v: with a BatchHandler, HandleBatch must have exactly the effect of Handle for each message", outs[0].state, outs[1].state)
+		return fail("both", "State after Process is %#v, after ProcessBatch %#v: %s", outs[0].state, outs[1].state, h.sameEffect())
 	}
 	return nil
+}
+
+// sameEffect says what a handler of the kind under test must do for
+// Process and ProcessBatch to agree.
+func (h *harness) sameEffect() string {
+	if _, ok := h.cfg.Handler.(consumer.BatchHandler); ok {
+		return "with a BatchHandler, HandleBatch must have exactly the effect of Handle for each message"
+	}
+	return "ProcessBatch calls Handle for several messages in one transaction, so Handle's effect must not depend on what else its transaction did (rows it wrote for earlier messages, the transaction id, state kept per transaction)"
 }
 
 // judge says what is wrong with one mode's outcome, or "".
@@ -347,8 +335,8 @@ func (h *harness) judge(out *outcome) string {
 		seen[r.sample] = true
 	}
 	for i := range h.samples {
-		if !seen[i] && !h.sharesKey(out, i) {
-			return fmt.Sprintf("record %d was never applied", i)
+		if !seen[i] {
+			return fmt.Sprintf("record %d (key %q) was never applied, and is neither dead-lettered nor parked: did the handler return nil without writing its effect?", i, h.samples[i].key)
 		}
 	}
 	last := map[ordering.Aggregate]int64{}
@@ -363,19 +351,6 @@ func (h *harness) judge(out *outcome) string {
 		last[r.agg] = r.seq
 	}
 	return ""
-}
-
-// sharesKey reports whether sample i is a duplicate, by key, of a sample
-// that was applied: then it was rightly skipped. Its key is not known, so
-// it is compared by record.
-func (h *harness) sharesKey(out *outcome, i int) bool {
-	for _, r := range out.byKey {
-		a, b := h.cfg.Records[r.sample], h.cfg.Records[i]
-		if reflect.DeepEqual(a.Headers, b.Headers) && string(a.Key) == string(b.Key) {
-			return true
-		}
-	}
-	return false
 }
 
 func perAggregate(out *outcome) map[ordering.Aggregate][]string {

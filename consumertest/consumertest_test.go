@@ -18,20 +18,14 @@ import (
 	"github.com/d419a114/outbox/consumertest"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/ordering"
+	"github.com/d419a114/outbox/producer"
 )
 
 // event builds a record of the wire contract: aggregate account/agg at seq
 // (none when 0), keyed by key, worth amount.
 func event(agg string, seq int64, key string, amount int) *kgo.Record {
-	r := &kgo.Record{Key: []byte(agg), Value: []byte(strconv.Itoa(amount)), Headers: []kgo.RecordHeader{
-		{Key: outbox.HeaderEventID, Value: []byte(key)},
-		{Key: outbox.HeaderAggregateType, Value: []byte("account")},
-		{Key: outbox.HeaderAggregateID, Value: []byte(agg)},
-	}}
-	if seq > 0 {
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: outbox.HeaderAggregateSeq, Value: []byte(strconv.FormatInt(seq, 10))})
-	}
-	return r
+	return producer.Record("", producer.Event{AggregateType: "account", AggregateID: agg, EventType: "deposit", Payload: []byte(strconv.Itoa(amount))},
+		producer.Stamp{EventID: key, Seq: seq})
 }
 
 // samples are three accounts' events and two without a sequence.
@@ -54,6 +48,9 @@ type ledger struct {
 	// seen, when set, makes Handle skip a key it has handled before: the
 	// bug of keeping state across tries.
 	seen map[string]bool
+	// perTx, when set, adds to each amount the rows its transaction wrote
+	// before: the bug of an effect that depends on the transaction.
+	perTx bool
 }
 
 func (l ledger) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -68,6 +65,10 @@ func (l ledger) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) erro
 		return consumer.Permanent(err)
 	}
 	q := `INSERT INTO ` + l.table + ` (event_id, account, seq, amount) VALUES ($1, $2, $3, $4)`
+	if l.perTx {
+		q = `INSERT INTO ` + l.table + ` (event_id, account, seq, amount)
+SELECT $1, $2, $3, $4 + count(*) FROM ` + l.table + ` WHERE xmin = pg_current_xact_id()::xid`
+	}
 	if l.pool != nil {
 		_, err = l.pool.Exec(ctx, q, m.IdempotencyKey, m.AggregateID, m.Seq, amount)
 	} else {
@@ -232,13 +233,30 @@ func TestCheck(t *testing.T) {
 		require.Contains(t, f.Problem, "invalid syntax")
 	})
 
-	t.Run("FailsASampleWithAHole", func(t *testing.T) {
+	// A plain handler whose effect depends on its transaction differs
+	// between Process and ProcessBatch; the report must not talk of a
+	// HandleBatch it does not have.
+	t.Run("FailsAPlainHandlerWhoseEffectDependsOnItsTransaction", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		cfg := b.config(ledger{table: b.table, perTx: true})
+		cfg.Seed = 1
+		f := failure(t, consumertest.Check(ctx, cfg))
+		require.Equal(t, "both", f.Mode)
+		require.Contains(t, f.Problem, "ProcessBatch calls Handle for several messages in one transaction")
+		require.NotContains(t, f.Problem, "HandleBatch")
+	})
+
+	t.Run("PassesRecordsFromEvents", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		cfg := b.config(ledger{table: b.table})
-		cfg.Records = []*kgo.Record{event("x", 1, "x-1", 1), event("x", 3, "x-3", 3)}
-		f := failure(t, consumertest.Check(ctx, cfg))
-		require.Contains(t, f.Problem, "still parked, waiting for seq 2")
+		var events []producer.Event
+		for i := range 9 {
+			events = append(events, producer.Event{AggregateType: "account", AggregateID: []string{"x", "y", "z"}[i%3], EventType: "deposit", Payload: []byte(strconv.Itoa(i))})
+		}
+		cfg.Records = consumertest.Records(events...)
+		consumertest.Run(t, cfg)
 	})
 
 	t.Run("TheSeedReplaysTheSchedule", func(t *testing.T) {
@@ -271,6 +289,34 @@ func TestCheckValidatesConfig(t *testing.T) {
 		"NoReset":      {func(c *consumertest.Config) { c.Reset = nil }, "needs Reset"},
 		"NoApplied":    {func(c *consumertest.Config) { c.Applied = nil }, "needs Applied"},
 		"NegativeRuns": {func(c *consumertest.Config) { c.Runs = -1 }, "negative"},
+		"SharedEventID": {func(c *consumertest.Config) {
+			c.Records = []*kgo.Record{event("x", 1, "k", 1), event("y", 1, "k", 2)}
+		}, `Records[0] and Records[1] share the idempotency key "k"`},
+		"SeqZero": {func(c *consumertest.Config) {
+			r := event("x", 1, "x-1", 1)
+			setHeader(r, outbox.HeaderAggregateSeq, "0")
+			c.Records = []*kgo.Record{event("y", 1, "y-1", 1), r}
+		}, `Records[1]: header outbox-aggregate-seq is "0", but sequences are decimal numbers from 1`},
+		"SeqNotANumber": {func(c *consumertest.Config) {
+			r := event("x", 1, "x-1", 1)
+			setHeader(r, outbox.HeaderAggregateSeq, "one")
+			c.Records = []*kgo.Record{r}
+		}, `Records[0]: header outbox-aggregate-seq is "one"`},
+		"SeqWithoutAggregateID": {func(c *consumertest.Config) {
+			r := event("", 1, "k", 1)
+			c.Records = []*kgo.Record{r}
+		}, "Records[0]: header outbox-aggregate-seq is \"1\", but the record has no aggregate id"},
+		"NoKey": {func(c *consumertest.Config) {
+			r := event("x", 1, "", 1)
+			c.Records = []*kgo.Record{r}
+		}, "Records[0]: no idempotency key"},
+		"Hole": {func(c *consumertest.Config) {
+			c.Records = []*kgo.Record{event("x", 1, "x-1", 1), event("x", 3, "x-3", 3)}
+		}, "Records[1] is account/x seq 3, after Records[0] at seq 1: give each aggregate's records in sequence order without a hole"},
+		"OutOfOrder": {func(c *consumertest.Config) {
+			c.Records = []*kgo.Record{event("x", 2, "x-2", 1), event("x", 1, "x-1", 3)}
+		}, "Records[1] is account/x seq 1, after Records[0] at seq 2"},
+		"NilRecord": {func(c *consumertest.Config) { c.Records = []*kgo.Record{nil} }, "Records[0] is nil"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -282,4 +328,52 @@ func TestCheckValidatesConfig(t *testing.T) {
 			require.False(t, errors.As(err, &f), "a configuration error is no Failure")
 		})
 	}
+}
+
+// setHeader sets the named header of r to v.
+func setHeader(r *kgo.Record, name, v string) {
+	for i := range r.Headers {
+		if r.Headers[i].Key == name {
+			r.Headers[i].Value = []byte(v)
+			return
+		}
+	}
+	r.Headers = append(r.Headers, kgo.RecordHeader{Key: name, Value: []byte(v)})
+}
+
+func TestRecords(t *testing.T) {
+	t.Parallel()
+	ev := func(typ, id string) producer.Event {
+		return producer.Event{AggregateType: typ, AggregateID: id, EventType: "e", Payload: []byte(typ + id)}
+	}
+	recs := consumertest.Records(ev("a", "1"), ev("b", "1"), ev("a", "1"), ev("a", "2"), ev("a", "1"))
+	seqs := map[string]bool{}
+	ids := map[string]bool{}
+	for i, r := range recs {
+		h := map[string]string{}
+		for _, kv := range r.Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		seqs[h[outbox.HeaderAggregateType]+"/"+h[outbox.HeaderAggregateID]+":"+h[outbox.HeaderAggregateSeq]] = true
+		id := h[outbox.HeaderEventID]
+		require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, id, "a UUIDv7")
+		require.Equal(t, id, h[outbox.HeaderIdempotencyKey])
+		ids[id] = true
+		require.Equal(t, int64(i), r.Offset)
+		require.Equal(t, int32(0), r.Partition)
+		require.Equal(t, h[outbox.HeaderAggregateType], r.Topic)
+		require.Equal(t, producer.Record(r.Topic, producer.Event{AggregateType: h[outbox.HeaderAggregateType], AggregateID: h[outbox.HeaderAggregateID],
+			EventType: "e", Payload: r.Value}, producer.Stamp{EventID: id, Seq: int64(mustAtoi(t, h[outbox.HeaderAggregateSeq])), OccurredAt: r.Timestamp}).Headers, r.Headers,
+			"producer.Record's record")
+	}
+	require.Len(t, ids, len(recs), "every event its own id")
+	require.Equal(t, map[string]bool{"a/1:1": true, "b/1:1": true, "a/1:2": true, "a/2:1": true, "a/1:3": true}, seqs,
+		"numbered 1, 2, 3 per aggregate type and id, in argument order")
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
 }

@@ -8,10 +8,19 @@
 // handler wrote.
 //
 //	func TestLedgerHandler(t *testing.T) {
+//		dsn := os.Getenv("TEST_DATABASE_URL") // a database of your own
+//		if dsn == "" {
+//			t.Skip("set TEST_DATABASE_URL to run the handler's test")
+//		}
+//		pool, err := pgxpool.New(t.Context(), dsn)
+//		if err != nil {
+//			t.Fatal(err)
+//		}
+//		defer pool.Close()
 //		consumertest.Run(t, consumertest.Config{
 //			DB:      pool,
 //			Handler: ledger{},
-//			Records: sampleRecords(), // each aggregate's in sequence order
+//			Records: consumertest.Records(sampleEvents()...), // producer.Events
 //			Reset: func(ctx context.Context, db *pgxpool.Pool) error {
 //				_, err := db.Exec(ctx, `TRUNCATE ledger`)
 //				return err
@@ -22,6 +31,14 @@
 //			},
 //		})
 //	}
+//
+// Records turns the events your service writes into the records the relay
+// would publish (producer.Record, with ids and per-aggregate sequences as
+// producer.Write gives them). Before anything runs, Check refuses sample
+// records that no handler could pass, naming the record and the fix: one
+// without an idempotency key, two that share one, a sequence header that
+// is not a number from 1 or has no aggregate id, and an aggregate's
+// records out of sequence order or with a hole.
 //
 // A run fails when, after every record was delivered and every dead
 // letter replayed:
@@ -36,7 +53,10 @@
 //     its own, or the record breaks the wire contract (the reason is in the
 //     failure);
 //   - ProcessBatch gave a different result from Process: Applied, or State
-//     when it is set, differs. With a consumer.BatchHandler, ProcessBatch
+//     when it is set, differs. ProcessBatch calls a plain Handler for
+//     several messages in one transaction, so this is where a Handle whose
+//     effect depends on what else its transaction did shows. With a
+//     consumer.BatchHandler, ProcessBatch
 //     applies a batch through HandleBatch, so this is where a HandleBatch
 //     that does not have exactly the effect of Handle for each message
 //     shows. Because a drawn schedule may roll every batch back to one

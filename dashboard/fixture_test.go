@@ -13,9 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/dashboard"
 	"github.com/d419a114/outbox/deadletter"
@@ -72,13 +70,11 @@ func (f *fixture) appliedOf(agg string) []string {
 func (f *fixture) process(t testing.TB, agg string, value string, seqs ...int64) {
 	t.Helper()
 	for _, seq := range seqs {
-		_, err := f.proc.Process(context.Background(), &kgo.Record{Topic: "orders", Offset: seq, Key: []byte(agg), Value: []byte(value),
-			Headers: []kgo.RecordHeader{
-				{Key: outbox.HeaderEventID, Value: fmt.Appendf(nil, "evt-%s-%d", agg, seq)},
-				{Key: outbox.HeaderAggregateType, Value: []byte("order")},
-				{Key: outbox.HeaderAggregateSeq, Value: fmt.Append(nil, seq)},
-				{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
-			}})
+		r := producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: agg, EventType: "order.changed", Payload: []byte(value),
+			Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
+			producer.Stamp{EventID: fmt.Sprintf("evt-%s-%d", agg, seq), Seq: seq})
+		r.Offset = seq
+		_, err := f.proc.Process(context.Background(), r)
 		require.NoError(t, err)
 	}
 }

@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/dashboard"
 	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/producer"
 )
 
 // TestLiveness: the overview says which consumer processes run, how much
@@ -31,11 +31,8 @@ func TestLiveness(t *testing.T) {
 	var recs []*kgo.Record
 	for i := range 20 {
 		agg := fmt.Sprintf("o-%d", i%4)
-		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(agg), Value: []byte("{}"), Headers: []kgo.RecordHeader{
-			{Key: outbox.HeaderEventID, Value: fmt.Appendf(nil, "e-%d", i)},
-			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
-			{Key: outbox.HeaderAggregateSeq, Value: fmt.Append(nil, i/4+1)},
-		}})
+		recs = append(recs, producer.Record(topic, producer.Event{AggregateType: "order", AggregateID: agg, EventType: "order.changed", Payload: []byte("{}")},
+			producer.Stamp{EventID: fmt.Sprintf("e-%d", i), Seq: int64(i/4 + 1)}))
 	}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

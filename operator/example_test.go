@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/operator"
+	"github.com/d419a114/outbox/producer"
 )
 
 // An operator outside the consuming service replays every dead letter of
@@ -43,11 +42,10 @@ func Example() {
 		return
 	}
 	for seq := range int64(3) {
-		_, err := p.Process(ctx, &kgo.Record{Topic: "orders", Offset: seq, Key: []byte("o-1"), Headers: []kgo.RecordHeader{
-			{Key: outbox.HeaderEventID, Value: fmt.Append(nil, "evt-", seq+1)},
-			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
-			{Key: outbox.HeaderAggregateSeq, Value: fmt.Append(nil, seq+1)},
-		}})
+		r := producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: "o-1", EventType: "order.changed"},
+			producer.Stamp{EventID: fmt.Sprint("evt-", seq+1), Seq: seq + 1})
+		r.Offset = seq
+		_, err := p.Process(ctx, r)
 		if err != nil {
 			fmt.Println(err)
 			return

@@ -13,8 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/d419a114/outbox"
 )
 
 // claimedEvent is an outbox row leased to this relay.
@@ -173,23 +171,16 @@ func (r *Relay) topicFor(e *claimedEvent) string {
 	}
 }
 
+// record is e's record on topic: the wire contract, which Record holds.
 func (r *Relay) record(e *claimedEvent, topic string) *kgo.Record {
-	headers := make([]kgo.RecordHeader, 0, 8+len(e.headers))
-	add := func(k, v string) { headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
-	add(outbox.HeaderEventID, e.eventID)
-	add(outbox.HeaderEventType, e.eventType)
-	add(outbox.HeaderAggregateType, e.aggregateType)
-	add(outbox.HeaderAggregateID, e.aggregateID)
-	add(outbox.HeaderAggregateSeq, strconv.FormatInt(e.seq, 10))
-	add(outbox.HeaderIdempotencyKey, e.idempotencyKey)
-	add(outbox.HeaderOccurredAt, e.createdAt.UTC().Format(time.RFC3339Nano))
+	ev := Event{
+		AggregateType: e.aggregateType, AggregateID: e.aggregateID, EventType: e.eventType,
+		Payload: e.payload, Headers: e.headers, IdempotencyKey: e.idempotencyKey,
+	}
 	if e.contentType != nil {
-		add(outbox.HeaderContentType, *e.contentType)
+		ev.ContentType = *e.contentType
 	}
-	for k, v := range e.headers {
-		add(k, v)
-	}
-	return &kgo.Record{Topic: topic, Key: []byte(e.aggregateID), Value: e.payload, Headers: headers}
+	return Record(topic, ev, Stamp{EventID: e.eventID, Seq: e.seq, OccurredAt: e.createdAt})
 }
 
 // retryable reports whether a publish error may go away by itself: the

@@ -14,11 +14,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/producer"
 )
 
 // consumerWithLetters is a consumer "billing" whose handler fails until
@@ -46,11 +45,10 @@ func consumerWithLetters(t *testing.T, db *pgtest.DB) (p *consumer.Processor, fi
 		seq int64
 	}{{"o-1", 1}, {"o-1", 2}, {"o-1", 3}, {"o-2", 1}, {"o-3", 2}} {
 		offset++
-		_, err := p.Process(ctx, &kgo.Record{Topic: "orders", Offset: offset, Key: []byte(e.agg), Value: []byte(`{"total":5}`), Headers: []kgo.RecordHeader{
-			{Key: outbox.HeaderEventID, Value: fmt.Appendf(nil, "%s-%d", e.agg, e.seq)},
-			{Key: outbox.HeaderAggregateType, Value: []byte("order")},
-			{Key: outbox.HeaderAggregateSeq, Value: fmt.Append(nil, e.seq)},
-		}})
+		r := producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: e.agg, EventType: "order.changed", Payload: []byte(`{"total":5}`)},
+			producer.Stamp{EventID: fmt.Sprintf("%s-%d", e.agg, e.seq), Seq: e.seq})
+		r.Offset = offset
+		_, err := p.Process(ctx, r)
 		require.NoError(t, err)
 	}
 	applied = func() []string {

@@ -10,12 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/operator"
+	"github.com/d419a114/outbox/producer"
 )
 
 // TestRoles applies outbox sql -roles and runs the operator's commands
@@ -69,11 +68,8 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', 'x', '{}', 
 		return consumer.Permanent(errors.New("broken"))
 	}), &consumer.Config{Schema: db.Schema})
 	require.NoError(t, err)
-	_, err = p.Process(ctx, &kgo.Record{Topic: "orders", Key: []byte("o-1"), Value: []byte("v"), Headers: []kgo.RecordHeader{
-		{Key: outbox.HeaderEventID, Value: []byte("evt-1")},
-		{Key: outbox.HeaderAggregateType, Value: []byte("order")},
-		{Key: outbox.HeaderAggregateSeq, Value: []byte("1")},
-	}})
+	_, err = p.Process(ctx, producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: "o-1", EventType: "order.placed", Payload: []byte("v")},
+		producer.Stamp{EventID: "evt-1", Seq: 1}))
 	require.NoError(t, err)
 
 	for _, args := range [][]string{{"health"}, {"dead", "list"}, {"consumers"}, {"letters", "list"}, {"gaps", "list"}, {"requests"}} {

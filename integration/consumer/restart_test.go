@@ -11,11 +11,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgserver"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/producer"
 )
 
 // TestDatabaseRestart crashes PostgreSQL (immediate shutdown, no
@@ -43,15 +43,12 @@ func TestDatabaseRestart(t *testing.T) {
 			for s := 1; s <= perAggregate; s++ {
 				for a := range aggregates {
 					agg := fmt.Sprint("acc-", a)
-					recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(agg), Value: []byte("x"), Headers: []kgo.RecordHeader{
-						{Key: outbox.HeaderEventID, Value: fmt.Appendf(nil, "%s-%d", agg, s)},
-						{Key: outbox.HeaderAggregateType, Value: []byte("account")},
-						{Key: outbox.HeaderAggregateSeq, Value: fmt.Append(nil, s)},
-					}})
+					recs = append(recs, producer.Record(topic, producer.Event{AggregateType: "account", AggregateID: agg, EventType: "account.changed", Payload: []byte("x")},
+						producer.Stamp{EventID: fmt.Sprintf("%s-%d", agg, s), Seq: int64(s)}))
 				}
 			}
-			producer := b.Client(t)
-			require.NoError(t, producer.ProduceSync(ctx, recs...).FirstErr())
+			client := b.Client(t)
+			require.NoError(t, client.ProduceSync(ctx, recs...).FirstErr())
 
 			applied := func() int {
 				var n int
