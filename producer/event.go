@@ -30,8 +30,9 @@ type Event struct {
 	// header when set.
 	ContentType string
 	// Headers are published with the event, after the SDK's own. Names must
-	// be printable ASCII without spaces and may not start with
-	// outbox.ReservedHeaderPrefix; values must be UTF-8 without NUL bytes.
+	// be printable ASCII without spaces, may not start with
+	// outbox.ReservedHeaderPrefix and may not be "id" (CDC's event id
+	// header); values must be UTF-8 without NUL bytes.
 	Headers map[string]string
 	// IdempotencyKey is what consumers deduplicate on: at most
 	// outbox.MaxIdempotencyKeyBytes bytes. Default: the event id. Set it to
@@ -91,6 +92,9 @@ func (e *Event) validate(i int, maxPayload int) error {
 		}
 		if strings.HasPrefix(strings.ToLower(name), outbox.ReservedHeaderPrefix) || strings.EqualFold(name, outbox.HeaderContentType) {
 			return bad("Headers", fmt.Sprintf("name %q is reserved for the SDK (set ContentType for content-type)", name))
+		}
+		if strings.EqualFold(name, outbox.HeaderDebeziumID) {
+			return bad("Headers", fmt.Sprintf("name %q is the event id header of change data capture (Debezium's outbox router writes it), which would hide this one; choose another name", name))
 		}
 		if !utf8.ValidString(value) || strings.ContainsRune(value, 0) {
 			return bad("Headers", fmt.Sprintf("value of %q is not UTF-8 text without NUL bytes", name))

@@ -277,6 +277,7 @@ func TestWriter(t *testing.T) {
 			{"HeaderNameEmpty", func(e *producer.Event) { e.Headers = map[string]string{"": "x"} }, "Headers"},
 			{"HeaderNameReserved", func(e *producer.Event) { e.Headers = map[string]string{"outbox-event-id": "x"} }, "Headers"},
 			{"HeaderNameContentType", func(e *producer.Event) { e.Headers = map[string]string{"Content-Type": "x"} }, "Headers"},
+			{"HeaderNameCDCEventID", func(e *producer.Event) { e.Headers = map[string]string{"ID": "x"} }, "Headers"},
 			{"HeaderValueNUL", func(e *producer.Event) { e.Headers = map[string]string{"traceparent": "a\x00b"} }, "Headers"},
 			{"AggregateIDNotUTF8", func(e *producer.Event) { e.AggregateID = "\xff" }, "AggregateID"},
 			{"AggregateTypeOverLimit", func(e *producer.Event) { e.AggregateType = strings.Repeat("t", outbox.MaxAggregateTypeBytes+1) }, "AggregateType"},
