@@ -240,7 +240,7 @@ func (p *Processor) handlerFailed(ctx context.Context, tx *pipelinedTx, m *Messa
 		return notDoneBatch(ctx.Err())
 	}
 	// connectionLost wraps err when, and only when, the connection is gone.
-	if lost := connectionLost(tx, err); lost != err {
+	if lost := connectionLost(tx, err); lost != err { //nolint:errorlint // identity: did connectionLost wrap err?
 		// The database went away under the handler: that says nothing
 		// about the records and must not count as a try.
 		return notDoneBatch(lost)

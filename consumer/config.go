@@ -200,6 +200,8 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, fmt.Errorf("consumer: MaxPollRecords %d is below 1", out.MaxPollRecords)
 	case out.ShutdownGrace < 0:
 		return out, fmt.Errorf("consumer: negative ShutdownGrace %s", out.ShutdownGrace)
+	case out.GapPolicy < ordering.GapPark || out.GapPolicy > ordering.GapIgnore:
+		return out, fmt.Errorf("consumer: unknown GapPolicy %d; use ordering.GapPark, GapFail or GapIgnore", int(out.GapPolicy))
 	}
 	return out, nil
 }

@@ -127,8 +127,8 @@ type partition struct {
 // check the last, New calls the client's OnPartitionsRevoked and
 // OnPartitionsLost callbacks once each with no partitions.
 func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consumer, error) {
-	if client == nil {
-		return nil, errors.New("consumer: nil client")
+	if db == nil || h == nil || client == nil {
+		return nil, errors.New("consumer: New needs a database, a client and a handler")
 	}
 	if err := checkPool(db); err != nil {
 		return nil, err

@@ -36,6 +36,12 @@ func TestNewRefusesUnsafeClients(t *testing.T) {
 		{"OwnCallback", append(append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")}, consumer.ClientOpts()...), kgo.OnPartitionsRevoked(func(context.Context, *kgo.Client, map[string][]int32) {})), "consumer.ClientOpts()"},
 		{"Safe", append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")}, consumer.ClientOpts()...), ""},
 	}
+	t.Run("NilDatabase", func(t *testing.T) {
+		t.Parallel()
+		cl := broker.Client(t, append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("t")}, consumer.ClientOpts()...)...)
+		_, err := consumer.New(nil, cl, "svc", h, nil)
+		require.ErrorContains(t, err, "consumer: New needs", "the error names the function called")
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -58,7 +58,7 @@ var plainErrors = map[string]bool{"*errors.errorString": true, "*fmt.wrapError":
 // branch of a joined error.
 func root(err error) error {
 	for {
-		switch u := err.(type) {
+		switch u := err.(type) { //nolint:errorlint // walks the chain itself, one link at a time
 		case interface{ Unwrap() error }:
 			next := u.Unwrap()
 			if next == nil {

@@ -104,6 +104,9 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 	if db == nil || h == nil {
 		return nil, errors.New("consumer: Handle needs a database and a handler")
 	}
+	if name == "" {
+		return nil, errors.New("consumer: empty consumer name; name the consumer, for example after its service")
+	}
 	if len(name) > outbox.MaxConsumerNameBytes {
 		return nil, fmt.Errorf("consumer: name is %d bytes, over the limit of %d (outbox.MaxConsumerNameBytes)", len(name), outbox.MaxConsumerNameBytes)
 	}

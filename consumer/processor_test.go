@@ -28,14 +28,14 @@ func TestHandleConfig(t *testing.T) {
 		wantErr string
 	}{
 		{"Defaults", "svc", nil, ""},
-		{"EmptyName", "", nil, "empty consumer name"},
+		{"EmptyName", "", nil, "consumer: empty consumer name"},
 		{"ZeroAttempts", "svc", &consumer.Config{MaxAttempts: -1}, "MaxAttempts"},
 		{"BackoffNotARange", "svc", &consumer.Config{MinBackoff: 2, MaxBackoff: 1}, "backoff bounds"},
 		{"NegativeRetention", "svc", &consumer.Config{KeyRetention: -1}, "negative KeyRetention"},
 		{"NegativeReplayWindow", "svc", &consumer.Config{ReplayWindow: -1}, "negative ReplayWindow"},
 		{"ZeroBatch", "svc", &consumer.Config{BatchSize: -1}, "BatchSize"},
 		{"NegativeGrace", "svc", &consumer.Config{ShutdownGrace: -1}, "negative ShutdownGrace"},
-		{"UnknownGapPolicy", "svc", &consumer.Config{GapPolicy: 7}, "unknown gap policy"},
+		{"UnknownGapPolicy", "svc", &consumer.Config{GapPolicy: 7}, "consumer: unknown GapPolicy 7"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -44,7 +44,8 @@ type requestTuning struct {
 // Config.RequestPoll and, when the Processor's db is a *pgxpool.Pool, as
 // soon as one is submitted (on a connection of its own, LISTENing on
 // operator.Channel). Consumer.Run calls it; a poll loop of one's own
-// around Process should run it beside the loop. It returns ctx's error.
+// around Process should run it beside the loop. It returns nil once ctx
+// ends (a clean stop, as for Consumer.Run).
 //
 // A request is carried out through Replay, Discard and ResolveGap, with
 // the request's requester as the actor of their audit rows. Each action
@@ -92,7 +93,7 @@ func (p *Processor) ServeRequests(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil
 		case <-t.C:
 		case <-wake:
 		}

@@ -26,7 +26,7 @@ func serve(t *testing.T, p *consumer.Processor) {
 	go func() { done <- p.ServeRequests(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		require.ErrorIs(t, <-done, context.Canceled)
+		require.NoError(t, <-done)
 	})
 }
 
@@ -558,7 +558,7 @@ func TestServeRequestsStopsWithinShutdownGrace(t *testing.T) {
 	stop()
 	select {
 	case err := <-done:
-		require.ErrorIs(t, err, context.Canceled)
+		require.NoError(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("ServeRequests waited past ShutdownGrace for the action in flight")
 	}

@@ -213,7 +213,7 @@ func (c *Consumer) deliveryLimit(ctx context.Context) int32 {
 			for _, cfg := range r.Configs {
 				if cfg.Name == "share.delivery.count.limit" && cfg.Value != nil {
 					n, err := strconv.ParseInt(*cfg.Value, 10, 32)
-					return int32(n), err //nolint:gosec // ParseInt with bitSize 32 bounds n
+					return int32(n), err
 				}
 			}
 		}

@@ -11,7 +11,7 @@ import (
 // context to go on in, and an end with the outcome. The Processor finds
 // out once, in Handle, whether it is also a BatchTracer. Implementations
 // must be safe for concurrent use and fast: they run on the goroutine that
-// applies the record.
+// applies the record. Tracers combines several into one.
 type Tracer interface {
 	// TraceRecordStart is called when Process or ProcessBatch takes rec.
 	// Process runs the record's transactions, and the handler, in the

@@ -187,5 +187,5 @@ func (d *Dashboard) actOnDeadEvent(w http.ResponseWriter, r *http.Request) {
 	d.log.InfoContext(ctx, "dashboard: producer dead event "+string(status), slog.Int64("dead_event_id", id), slog.String("actor", actor))
 	loc := d.cfg.Prefix + "/producer/dead?status=" + string(status)
 	done(loc)
-	http.Redirect(w, r, loc, http.StatusSeeOther) //nolint:gosec // loc is the configured prefix and a number or a fixed status
+	http.Redirect(w, r, loc, http.StatusSeeOther)
 }

@@ -69,7 +69,7 @@ func relayProcessMain() int {
 		log.Error("relay process: new relay", slog.String("error", err.Error()))
 		return 2
 	}
-	if err := relay.Run(ctx); !errors.Is(err, context.Canceled) {
+	if err := relay.Run(ctx); err != nil {
 		log.Error("relay process: run", slog.Any("error", err))
 		return 1
 	}

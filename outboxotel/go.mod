@@ -1,9 +1,11 @@
 module github.com/d419a114/outbox/outboxotel
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
-	github.com/d419a114/outbox v0.0.0
+	github.com/d419a114/outbox v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
@@ -35,5 +37,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/d419a114/outbox => ../

@@ -9,8 +9,9 @@ import (
 )
 
 // Propagator is a producer.Propagator: set it as WriterConfig.Propagator
-// and Write stores the trace context of its ctx (W3C traceparent and
-// tracestate with propagation.TraceContext) in each event's headers.
+// and Write stores the trace context of its ctx in each event's headers
+// (W3C traceparent and tracestate unless Options.Propagator or the global
+// propagator says otherwise).
 type Propagator struct{ p propagation.TextMapPropagator }
 
 var _ producer.Propagator = Propagator{}

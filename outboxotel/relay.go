@@ -17,7 +17,8 @@ import (
 
 // RelayTracer is a producer.RelayTracer (and ClaimTracer): each batch the
 // relay publishes gets a send span, of kind producer, linked to the spans
-// that wrote its events, and each claim a span of its own; the instruments
+// that wrote its events, and each claim that took events (or failed) a
+// span of its own; the instruments
 // messaging.client.operation.duration and messaging.client.sent.messages
 // measure the sends.
 type RelayTracer struct {
@@ -90,16 +91,25 @@ func (t *RelayTracer) TracePublishEnd(ctx context.Context, recs []*kgo.Record, r
 	t.sent.Add(ctx, int64(res.Delivered), metric.WithAttributes(base...))
 }
 
-// TraceClaimStart starts a claim span.
+type claimStartKey struct{}
+
+// TraceClaimStart notes when the claim started. The claim's span is made
+// at its end, and only for a claim that took events or failed: an idle
+// relay claims nothing every PollInterval, and a root span for each of
+// those would bury the ones that matter.
 func (t *RelayTracer) TraceClaimStart(ctx context.Context) context.Context {
-	ctx, _ = t.tracer.Start(ctx, "outbox "+opClaim, trace.WithSpanKind(trace.SpanKindInternal))
-	return ctx
+	return context.WithValue(ctx, claimStartKey{}, time.Now())
 }
 
-// TraceClaimEnd ends the claim span with the number of events claimed.
+// TraceClaimEnd records the claim's span, from its start to now, with the
+// number of events claimed; none for an empty claim without error.
 func (t *RelayTracer) TraceClaimEnd(ctx context.Context, n int, err error) {
-	span := trace.SpanFromContext(ctx)
-	span.SetAttributes(keyClaimed.Int(n))
+	start, ok := ctx.Value(claimStartKey{}).(time.Time)
+	if !ok || n == 0 && err == nil {
+		return
+	}
+	_, span := t.tracer.Start(ctx, "outbox "+opClaim, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithTimestamp(start), trace.WithAttributes(keyClaimed.Int(n)))
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())

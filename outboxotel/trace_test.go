@@ -2,6 +2,7 @@ package outboxotel_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -37,8 +39,9 @@ func TestOneTraceFromRequestToHandler(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	metrics := sdkmetric.NewManualReader()
-	opts := &outboxotel.Options{TracerProvider: tp, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics)),
-		Propagator: propagation.TraceContext{}}
+	// No Propagator: the default links the traces (no test of this
+	// package sets the global one).
+	opts := &outboxotel.Options{TracerProvider: tp, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics))}
 	db := pgtest.New(t, nil)
 	broker := kafkatest.New(t)
 	topic := broker.Topic(t, 2)
@@ -100,8 +103,16 @@ func TestOneTraceFromRequestToHandler(t *testing.T) {
 	<-relayDone
 
 	var send, process sdktrace.ReadOnlySpan
+	claims := 0
 	for _, s := range spans.Ended() {
 		switch s.Name() {
+		case "outbox claim":
+			claims++
+			for _, kv := range s.Attributes() {
+				if kv.Key == "outbox.relay.claimed" {
+					require.Positive(t, kv.Value.AsInt64(), "a claim span for an idle poll")
+				}
+			}
 		case "send " + topic:
 			for _, l := range s.Links() {
 				require.NotEqual(t, rolledBack.TraceID(), l.SpanContext.TraceID(), "a send span links to the rolled-back write")
@@ -113,6 +124,7 @@ func TestOneTraceFromRequestToHandler(t *testing.T) {
 			process = s
 		}
 	}
+	require.Equal(t, 1, claims, "one claim took the event; the idle polls around it make no span")
 	require.NotNil(t, send, "no send span links to the request")
 	require.Equal(t, trace.SpanKindProducer, send.SpanKind())
 	require.NotNil(t, process, "no process span")
@@ -141,4 +153,58 @@ func TestOneTraceFromRequestToHandler(t *testing.T) {
 	for _, want := range []string{"messaging.process.duration", "messaging.client.consumed.messages", "messaging.client.operation.duration", "messaging.client.sent.messages"} {
 		require.True(t, names[want], "no %s", want)
 	}
+}
+
+// With no Options, Write's events carry W3C traceparent, and a consumer's
+// process span continues the trace it names: the global propagator of
+// go.opentelemetry.io/otel, unset, would write nothing.
+func TestZeroOptionsPropagateTraceContext(t *testing.T) {
+	t.Parallel()
+	tp := sdktrace.NewTracerProvider()
+	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
+	defer span.End()
+	h := map[string]string{}
+	outboxotel.NewPropagator(nil).Inject(ctx, h)
+	require.Contains(t, h, "traceparent")
+	require.Contains(t, h["traceparent"], span.SpanContext().TraceID().String())
+
+	spans := tracetest.NewSpanRecorder()
+	ct, err := outboxotel.NewConsumerTracer("billing", &outboxotel.Options{
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))})
+	require.NoError(t, err)
+	rec := &kgo.Record{Topic: "orders", Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte(h["traceparent"])}}}
+	ct.TraceRecordEnd(ct.TraceRecordStart(context.Background(), rec), rec, consumer.Result{Outcome: consumer.Applied}, nil)
+	require.Len(t, spans.Ended(), 1)
+	require.Equal(t, span.SpanContext().TraceID(), spans.Ended()[0].SpanContext().TraceID())
+	require.Equal(t, span.SpanContext().SpanID(), spans.Ended()[0].Parent().SpanID())
+
+	// An empty propagator turns it off.
+	off := map[string]string{}
+	outboxotel.NewPropagator(&outboxotel.Options{Propagator: propagation.NewCompositeTextMapPropagator()}).Inject(ctx, off)
+	require.Empty(t, off)
+}
+
+// A claim span is made for a claim that took events or failed, from the
+// claim's start; an empty claim, every PollInterval of an idle relay,
+// makes none.
+func TestClaimSpanOnlyWhenClaimed(t *testing.T) {
+	t.Parallel()
+	spans := tracetest.NewSpanRecorder()
+	rt, err := outboxotel.NewRelayTracer(&outboxotel.Options{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))})
+	require.NoError(t, err)
+	claim := func(n int, err error) time.Time {
+		start := time.Now()
+		rt.TraceClaimEnd(rt.TraceClaimStart(context.Background()), n, err)
+		return start
+	}
+	claim(0, nil)
+	require.Empty(t, spans.Ended(), "an empty claim made a span")
+	started := claim(3, nil)
+	claim(0, errors.New("connection refused"))
+	ended := spans.Ended()
+	require.Len(t, ended, 2)
+	require.Equal(t, "outbox claim", ended[0].Name())
+	require.False(t, ended[0].StartTime().Before(started), "the span starts when the claim did")
+	require.Contains(t, ended[0].Attributes(), attribute.Int("outbox.relay.claimed", 3))
+	require.Equal(t, codes.Error, ended[1].Status().Code)
 }

@@ -1,9 +1,11 @@
 module github.com/d419a114/outbox/outboxprom
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
-	github.com/d419a114/outbox v0.0.0
+	github.com/d419a114/outbox v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
@@ -33,5 +35,3 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/d419a114/outbox => ../

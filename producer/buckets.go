@@ -149,7 +149,7 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 	if want := target - len(o.owned); want > 0 {
 		// Start at a place derived from the relay id so that instances
 		// starting together try different buckets first.
-		start := int32(schemaLockKey(o.r.cfg.RelayID)&0x7fffffff) % numBuckets
+		start := (schemaLockKey(o.r.cfg.RelayID) & 0x7fffffff) % numBuckets
 		var free []int32
 		for i := range int32(numBuckets) {
 			if b := (start + i) % numBuckets; !o.owned[b] {

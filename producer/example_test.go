@@ -105,8 +105,8 @@ func ExampleRelay_Run() {
 	}
 
 	stop()
-	fmt.Println(<-done)
+	fmt.Println("stopped:", <-done) // nil: a stop through ctx is a clean one
 	// Output:
 	// 8842: {"total_cents":2500}
-	// context canceled
+	// stopped: <nil>
 }

@@ -234,7 +234,8 @@ func setDefault[T comparable](v *T, def T) {
 }
 
 // Run publishes until ctx ends. It then stops claiming, lets the batch in
-// flight finish and be marked, releases its buckets and returns ctx.Err().
+// flight finish and be marked, releases its buckets and returns nil: like
+// Consumer.Run, a stop through ctx is a clean stop, whatever ctx's cause.
 // Database and broker errors are logged and retried, never returned: a
 // relay outlives outages. Run it once per Relay.
 //
@@ -282,10 +283,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	for ctx.Err() == nil && l.stopped == nil {
 		l.step(ctx)
 	}
-	if l.stopped != nil {
-		return l.stopped
-	}
-	return ctx.Err()
+	return l.stopped
 }
 
 // checkDispatch returns an error wrapping ErrCDCDispatch when the schema

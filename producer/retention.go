@@ -100,7 +100,7 @@ func Prune(ctx context.Context, db outbox.DB, cfg *PruneConfig) (PruneResult, er
 }
 
 // RunPrune calls Prune every interval (default 1m) until ctx ends, and
-// returns ctx.Err(). Errors are logged to logger (default slog.Default())
+// then returns nil. Errors are logged to logger (default slog.Default())
 // and retried at the next interval. A Relay prunes by itself; run this
 // where no relay runs, as in CDC mode (SetDispatch), where it also creates
 // the coming days' partitions of a day-partitioned table: without it,
@@ -118,7 +118,7 @@ func RunPrune(ctx context.Context, db outbox.DB, interval time.Duration, cfg *Pr
 		res, err := Prune(ctx, db, cfg)
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return nil
 		case err != nil:
 			logger.WarnContext(ctx, "producer: prune events, will retry", slog.String("error", err.Error()))
 		case res != (PruneResult{}):
@@ -127,7 +127,7 @@ func RunPrune(ctx context.Context, db outbox.DB, interval time.Duration, cfg *Pr
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil
 		case <-t.C:
 		}
 	}

@@ -21,6 +21,7 @@ type Propagator interface {
 // context to go on in, and an end with the outcome. NewRelay finds out once
 // whether it also implements ClaimTracer, RebalanceTracer, ListenerTracer
 // and PruneTracer. Implementations must be safe for concurrent use and fast.
+// Tracers combines several into one.
 type RelayTracer interface {
 	// TracePublishStart is called before a claimed batch is sent, with
 	// its records as they will be produced (the event's headers, and so
@@ -87,6 +88,23 @@ func newRelayTracers(t RelayTracer) relayTracers {
 		return relayTracers{}
 	}
 	out := relayTracers{publish: t}
+	if m, ok := t.(*multiRelayTracer); ok {
+		// Tracers implements every optional interface; only those its
+		// tracers implement are traced.
+		if len(m.claim) > 0 {
+			out.claim = m
+		}
+		if len(m.rebalance) > 0 {
+			out.rebalance = m
+		}
+		if len(m.listener) > 0 {
+			out.listener = m
+		}
+		if len(m.prune) > 0 {
+			out.prune = m
+		}
+		return out
+	}
 	out.claim, _ = t.(ClaimTracer)
 	out.rebalance, _ = t.(RebalanceTracer)
 	out.listener, _ = t.(ListenerTracer)

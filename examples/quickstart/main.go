@@ -16,7 +16,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -94,7 +93,7 @@ func run(ctx context.Context, out io.Writer) error {
 	go func() { relayDone <- relay.Run(relayCtx) }()
 	defer func() {
 		stopRelay()
-		if err := <-relayDone; err != nil && !errors.Is(err, context.Canceled) {
+		if err := <-relayDone; err != nil {
 			logger.Error("relay stopped", slog.Any("error", err))
 		}
 	}()

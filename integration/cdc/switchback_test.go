@@ -2,7 +2,6 @@ package cdc_test
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strconv"
 	"testing"
@@ -172,7 +171,7 @@ func TestSwitchBackWaitsForConnector(t *testing.T) {
 	go func() { ran <- relay.Run(runCtx) }()
 	defer func() {
 		stop()
-		if err := <-ran; err != nil && !errors.Is(err, context.Canceled) {
+		if err := <-ran; err != nil {
 			t.Errorf("relay: %v", err)
 		}
 	}()

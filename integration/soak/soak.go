@@ -656,7 +656,7 @@ func (r *run) drain(ctx context.Context, tick <-chan time.Time, start time.Time)
 				return nil
 			}
 			if time.Now().After(deadline) || ctx.Err() != nil {
-				return fmt.Errorf("drain: timed out after %s waiting for %s (last error: %v)", r.cfg.DrainTimeout, name, err)
+				return fmt.Errorf("drain: timed out after %s waiting for %s (last error: %v)", r.cfg.DrainTimeout, name, err) //nolint:errorlint // err may be nil; the message reports it, nothing matches on it
 			}
 			select {
 			case <-tick:
