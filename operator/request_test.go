@@ -28,6 +28,7 @@ func TestSubmit(t *testing.T) {
 		"UnknownAction":       {Consumer: "svc", Action: "redo", LetterID: 1},
 		"BulkWithoutFilter":   {Consumer: "svc", Action: operator.Discard},
 		"GapWithoutAggregate": {Consumer: "svc", Action: operator.ResolveGap},
+		"UnknownReason":       {Consumer: "svc", Action: operator.Replay, Letters: deadletter.ListOpts{Reason: "handlr"}},
 	} {
 		_, err := ops.Submit(ctx, db.Pool, r)
 		require.ErrorIs(t, err, operator.ErrInvalid, name)
