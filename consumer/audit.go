@@ -47,7 +47,7 @@ func (p *Processor) countRequest(ctx context.Context, tx pgx.Tx, delta operator.
 
 // audit writes e with outcome and detail in db: the action's transaction
 // when it succeeded, so that the row stands or falls with it.
-func (p *Processor) audit(ctx context.Context, db outbox.DB, e *operator.Entry, outcome, detail string) error {
+func (p *Processor) audit(ctx context.Context, db outbox.DB, e *operator.Entry, outcome operator.Outcome, detail string) error {
 	e.Outcome, e.Detail = outcome, detail
 	return p.ops.Record(ctx, db, e)
 }
@@ -61,7 +61,7 @@ func (p *Processor) auditFailure(ctx context.Context, e *operator.Entry, err err
 	if fenced(err) || fenced(context.Cause(ctx)) {
 		return
 	}
-	if aerr := p.audit(context.WithoutCancel(ctx), p.db, e, "failed", err.Error()); aerr != nil {
+	if aerr := p.audit(context.WithoutCancel(ctx), p.db, e, operator.OutcomeFailed, err.Error()); aerr != nil {
 		p.log.WarnContext(ctx, "consumer: could not write the audit row of a failed operator action",
 			slog.String("action", string(e.Action)), slog.String("action_error", err.Error()), slog.String("error", aerr.Error()))
 	}

@@ -188,7 +188,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.WarnContext(ctx, "consumer: could not check key retention against topic retention", slog.String("error", err.Error()))
 	} else {
 		for _, w := range warnings {
-			c.log.WarnContext(ctx, "consumer: "+w)
+			c.log.WarnContext(ctx, "consumer: "+w.Message, slog.String("kind", string(w.Kind)))
 		}
 	}
 
@@ -328,15 +328,16 @@ func (c *Consumer) pruneLoop(ctx context.Context) {
 // CheckRetention compares Config.KeyRetention with the retention of the
 // subscribed topics (read from the broker) and with Config.ReplayWindow,
 // and returns a warning for each way a record could come back after its
-// key was pruned, when it would be applied a second time: a topic kept
-// longer than the keys, kept forever (retention.ms -1), or compacted
-// (cleanup.policy=compact, which keeps each key's latest record forever
-// whatever retention.ms says). Run logs them at start.
-func (c *Consumer) CheckRetention(ctx context.Context) ([]string, error) {
-	var warnings []string
+// key was pruned, when it would be applied a second time: a replay window
+// longer than the keys, a topic kept longer than the keys, kept forever
+// (retention.ms -1), or compacted (cleanup.policy=compact, which keeps
+// each key's latest record forever whatever retention.ms says); its Kind
+// tells which. Run logs them at start.
+func (c *Consumer) CheckRetention(ctx context.Context) ([]RetentionWarning, error) {
+	var warnings []RetentionWarning
 	keep := c.cfg.KeyRetention
 	if c.cfg.ReplayWindow > keep {
-		warnings = append(warnings, fmt.Sprintf("key retention %s is shorter than the dead-letter replay window %s: a replay after the key is pruned can apply an effect twice", keep, c.cfg.ReplayWindow))
+		warnings = append(warnings, RetentionWarning{Kind: RetentionReplayWindow, Message: fmt.Sprintf("key retention %s is shorter than the dead-letter replay window %s: a replay after the key is pruned can apply an effect twice", keep, c.cfg.ReplayWindow)})
 	}
 	topics := c.client.GetConsumeTopics()
 	if len(topics) == 0 {
@@ -364,7 +365,7 @@ func (c *Consumer) CheckRetention(ctx context.Context) ([]string, error) {
 		if policy != nil && compactOnly(*policy) {
 			// retention.ms does not apply: each key's latest record stays
 			// for as long as the topic does.
-			warnings = append(warnings, fmt.Sprintf("topic %s is compacted (cleanup.policy=%s): it keeps each key's latest record forever, but processed keys are kept %s: a reset to an old offset, or a new consumer group reading from the start, applies those records' effects again", rc.Name, *policy, keep))
+			warnings = append(warnings, RetentionWarning{Kind: RetentionTopicCompacted, Topic: rc.Name, Message: fmt.Sprintf("topic %s is compacted (cleanup.policy=%s): it keeps each key's latest record forever, but processed keys are kept %s: a reset to an old offset, or a new consumer group reading from the start, applies those records' effects again", rc.Name, *policy, keep)})
 			continue
 		}
 		if retention == nil {
@@ -376,9 +377,11 @@ func (c *Consumer) CheckRetention(ctx context.Context) ([]string, error) {
 		}
 		switch {
 		case ms < 0:
-			warnings = append(warnings, fmt.Sprintf("topic %s keeps records forever but processed keys are kept %s: a reset to an old offset applies effects again", rc.Name, keep))
+			warnings = append(warnings, RetentionWarning{Kind: RetentionTopicForever, Topic: rc.Name,
+				Message: fmt.Sprintf("topic %s keeps records forever but processed keys are kept %s: a reset to an old offset applies effects again", rc.Name, keep)})
 		case time.Duration(ms)*time.Millisecond > keep:
-			warnings = append(warnings, fmt.Sprintf("key retention %s is shorter than topic %s's retention %s: a redelivery after the key is pruned applies its effect again", keep, rc.Name, time.Duration(ms)*time.Millisecond))
+			warnings = append(warnings, RetentionWarning{Kind: RetentionTopicLonger, Topic: rc.Name,
+				Message: fmt.Sprintf("key retention %s is shorter than topic %s's retention %s: a redelivery after the key is pruned applies its effect again", keep, rc.Name, time.Duration(ms)*time.Millisecond)})
 		}
 	}
 	return warnings, nil

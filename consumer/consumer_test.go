@@ -484,7 +484,7 @@ func TestConsumer(t *testing.T) {
 		}
 		long, short := mk(fmt.Sprint((30 * 24 * time.Hour).Milliseconds())), mk(fmt.Sprint(time.Hour.Milliseconds()))
 		h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
-		check := func(topic string, cfg *consumer.Config) []string {
+		check := func(topic string, cfg *consumer.Config) []consumer.RetentionWarning {
 			cl := broker.Client(t, append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics(topic)}, consumer.ClientOpts()...)...)
 			c, err := consumer.New(db.Pool, cl, "svc", h, cfg)
 			require.NoError(t, err)
@@ -494,11 +494,21 @@ func TestConsumer(t *testing.T) {
 		}
 		w := check(long, nil)
 		require.Len(t, w, 1)
-		require.Contains(t, w[0], "key retention 168h0m0s is shorter than topic "+long+"'s retention 720h0m0s")
+		require.Equal(t, consumer.RetentionTopicLonger, w[0].Kind)
+		require.Equal(t, long, w[0].Topic)
+		require.Contains(t, w[0].Message, "key retention 168h0m0s is shorter than topic "+long+"'s retention 720h0m0s")
 		require.Empty(t, check(short, nil))
 		w = check(short, &consumer.Config{KeyRetention: time.Minute, ReplayWindow: 24 * time.Hour})
 		require.Len(t, w, 2)
-		require.Contains(t, w[0], "dead-letter replay window")
+		require.Equal(t, consumer.RetentionReplayWindow, w[0].Kind)
+		require.Empty(t, w[0].Topic)
+		require.Contains(t, w[0].Message, "dead-letter replay window")
+		require.Equal(t, consumer.RetentionTopicLonger, w[1].Kind)
+		forever := mk("-1")
+		w = check(forever, nil)
+		require.Len(t, w, 1)
+		require.Equal(t, consumer.RetentionTopicForever, w[0].Kind)
+		require.Equal(t, forever, w[0].Topic)
 	})
 }
 

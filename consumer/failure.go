@@ -5,17 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-)
 
-// Reasons a record is dead-lettered for, the classes of
-// deadletter.Letter.Reason and LetterCount.Reason.
-const (
-	reasonHandler       = "handler"
-	reasonPanic         = "panic"
-	reasonTimeout       = "timeout"
-	reasonSequence      = "sequence"
-	reasonInput         = "input"
-	reasonDeliveryLimit = "delivery_limit"
+	"github.com/d419a114/outbox/deadletter"
 )
 
 // fingerprint returns the reason a record failed with err after attempts runs
@@ -26,7 +17,7 @@ const (
 // and its wording with numbers and quoted strings masked, so that
 // the same fault in different records (other ids, other amounts) groups
 // together.
-func fingerprint(err error, attempts int) (reason, failure string) {
+func fingerprint(err error, attempts int) (reason deadletter.Reason, failure string) {
 	var (
 		pe  *PanicError
 		te  *HandlerTimeoutError
@@ -34,20 +25,20 @@ func fingerprint(err error, attempts int) (reason, failure string) {
 	)
 	switch {
 	case errors.As(err, &pe):
-		return reasonPanic, fmt.Sprintf("panic %T at %s", pe.Value, firstFrame(string(pe.Stack)))
+		return deadletter.ReasonPanic, fmt.Sprintf("panic %T at %s", pe.Value, firstFrame(string(pe.Stack)))
 	case errors.As(err, &te):
-		return reasonTimeout, fmt.Sprintf("timeout after %s", te.Timeout)
+		return deadletter.ReasonTimeout, fmt.Sprintf("timeout after %s", te.Timeout)
 	case errors.Is(err, ErrDeliveryLimit):
-		return reasonDeliveryLimit, reasonDeliveryLimit
+		return deadletter.ReasonDeliveryLimit, string(deadletter.ReasonDeliveryLimit)
 	case errors.As(err, &sre):
-		return reasonSequence, "sequence: " + masked(err.Error())
+		return deadletter.ReasonSequence, "sequence: " + masked(err.Error())
 	case attempts == 0:
-		return reasonInput, "input: " + masked(err.Error())
+		return deadletter.ReasonInput, "input: " + masked(err.Error())
 	}
 	if t := fmt.Sprintf("%T", root(err)); !plainErrors[t] {
-		return reasonHandler, fmt.Sprintf("handler %s: %s", t, masked(err.Error()))
+		return deadletter.ReasonHandler, fmt.Sprintf("handler %s: %s", t, masked(err.Error()))
 	}
-	return reasonHandler, "handler: " + masked(err.Error())
+	return deadletter.ReasonHandler, "handler: " + masked(err.Error())
 }
 
 // plainErrors are the types of errors.New and fmt.Errorf, which say

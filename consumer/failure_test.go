@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -29,26 +30,28 @@ func TestFingerprint(t *testing.T) {
 	t.Parallel()
 	base := errors.New("downstream broken")
 	tests := []struct {
-		name            string
-		err             error
-		attempts        int
-		reason, failure string
+		name     string
+		err      error
+		attempts int
+		reason   deadletter.Reason
+		failure  string
 	}{
-		{"Handler", fmt.Errorf("charge order 42 of %q: %w", "alice", base), 3, "handler",
+		{"Handler", fmt.Errorf("charge order 42 of %q: %w", "alice", base), 3, deadletter.ReasonHandler,
 			`handler: charge order N of "…": downstream broken`},
-		{"HandlerTyped", fmt.Errorf("insert: %w", &typedError{}), 1, "handler", "handler *consumer.typedError: insert: typed"},
-		{"Timeout", &HandlerTimeoutError{Timeout: time.Second, Err: errors.New("ctx")}, 5, "timeout", "timeout after 1s"},
-		{"DeliveryLimit", fmt.Errorf("%w (delivery 5 of 5): %w", ErrDeliveryLimit, base), 0, "delivery_limit", "delivery_limit"},
-		{"Sequence", &SequenceReusedError{Aggregate: ordering.Aggregate{Type: "order", ID: "o-7"}, Seq: 3, Position: 9}, 1, "sequence", ""},
-		{"Input", fmt.Errorf("consumer: header outbox-aggregate-seq %q is not a number", "x1"), 0, "input",
+		{"HandlerTyped", fmt.Errorf("insert: %w", &typedError{}), 1, deadletter.ReasonHandler, "handler *consumer.typedError: insert: typed"},
+		{"Timeout", &HandlerTimeoutError{Timeout: time.Second, Err: errors.New("ctx")}, 5, deadletter.ReasonTimeout, "timeout after 1s"},
+		{"DeliveryLimit", fmt.Errorf("%w (delivery 5 of 5): %w", ErrDeliveryLimit, base), 0, deadletter.ReasonDeliveryLimit, "delivery_limit"},
+		{"Sequence", &SequenceReusedError{Aggregate: ordering.Aggregate{Type: "order", ID: "o-7"}, Seq: 3, Position: 9}, 1, deadletter.ReasonSequence, ""},
+		{"Input", fmt.Errorf("consumer: header outbox-aggregate-seq %q is not a number", "x1"), 0, deadletter.ReasonInput,
 			`input: consumer: header outbox-aggregate-seq "…" is not a number`},
-		{"Panic", panicked(func() { indexOutOfRange(7) }), 1, "panic", "panic runtime.boundsError at github.com/d419a114/outbox/consumer.indexOutOfRange"},
+		{"Panic", panicked(func() { indexOutOfRange(7) }), 1, deadletter.ReasonPanic, "panic runtime.boundsError at github.com/d419a114/outbox/consumer.indexOutOfRange"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			reason, failure := fingerprint(tt.err, tt.attempts)
 			require.Equal(t, tt.reason, reason)
+			require.True(t, reason.Valid(), "every reason the consumer writes is one of deadletter.Reasons")
 			if tt.failure != "" {
 				require.Equal(t, tt.failure, failure)
 			}

@@ -139,7 +139,7 @@ func TestForeignRecords(t *testing.T) {
 			return name
 		}
 		h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
-		check := func(topic string) []string {
+		check := func(topic string) []consumer.RetentionWarning {
 			cl := broker.Client(t, append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics(topic)}, consumer.ClientOpts()...)...)
 			c, err := consumer.New(db.Pool, cl, "svc", h, nil)
 			require.NoError(t, err)
@@ -150,8 +150,9 @@ func TestForeignRecords(t *testing.T) {
 		compacted := mk("compact")
 		w := check(compacted)
 		require.Len(t, w, 1, "retention.ms of an hour does not bound a compacted topic")
-		require.Contains(t, w[0], "topic "+compacted+" is compacted (cleanup.policy=compact)")
-		require.Contains(t, w[0], "processed keys are kept 168h0m0s")
+		require.Equal(t, consumer.RetentionWarning{Kind: consumer.RetentionTopicCompacted, Topic: compacted, Message: w[0].Message}, w[0])
+		require.Contains(t, w[0].Message, "topic "+compacted+" is compacted (cleanup.policy=compact)")
+		require.Contains(t, w[0].Message, "processed keys are kept 168h0m0s")
 		require.Empty(t, check(mk("compact,delete")), "compact,delete still deletes after retention.ms")
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/tables"
 )
 
@@ -35,12 +36,9 @@ type Health struct {
 // and how long the oldest has been open.
 type LetterCount struct {
 	Topic string
-	// Reason is the class of the letter's error, one of a fixed few:
-	// "handler" (the handler failed), "panic", "timeout" (over
-	// HandlerTimeout), "sequence" (a reused or passed sequence), "input"
-	// (the record breaks the wire contract) and "delivery_limit" (a share
-	// group's last delivery, see ErrDeliveryLimit).
-	Reason string
+	// Reason is the class of the letters' failure, one of
+	// deadletter.Reasons.
+	Reason deadletter.Reason
 	Count  int64
 	Oldest time.Duration
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
 )
 
@@ -36,8 +37,8 @@ func TestReadHealth(t *testing.T) {
 	h, err := consumer.ReadHealth(ctx, db.Pool, db.Schema, "svc")
 	require.NoError(t, err)
 	require.Len(t, h.Letters, 2)
-	require.Equal(t, "handler", h.Letters[0].Reason)
-	require.Equal(t, "panic", h.Letters[1].Reason)
+	require.Equal(t, deadletter.ReasonHandler, h.Letters[0].Reason)
+	require.Equal(t, deadletter.ReasonPanic, h.Letters[1].Reason)
 	for _, l := range h.Letters {
 		require.Equal(t, "orders", l.Topic)
 		require.EqualValues(t, 1, l.Count)

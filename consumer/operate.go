@@ -34,8 +34,9 @@ func (p *Processor) DeadLetters(ctx context.Context, opts *deadletter.ListOpts) 
 	return p.dead.List(ctx, p.db, &o)
 }
 
-// DeadLetter returns the dead letter id, deadletter.ErrNotFound when there
-// is none, and ErrWrongConsumer when it is another consumer's.
+// DeadLetter returns the dead letter id, an error wrapping
+// outbox.ErrNotFound when there is none, and ErrWrongConsumer when it is
+// another consumer's.
 func (p *Processor) DeadLetter(ctx context.Context, id int64) (*deadletter.Letter, error) {
 	l, err := p.dead.Get(ctx, p.db, id)
 	if err != nil {

@@ -89,12 +89,12 @@ func TestRequests(t *testing.T) {
 
 		es := audit(t, db, r.ID)
 		require.Len(t, es, 2)
-		require.Equal(t, "applied", es[0].Outcome)
+		require.Equal(t, operator.OutcomeApplied, es[0].Outcome)
 		require.Equal(t, "alice", es[0].Actor)
 		require.Equal(t, letters[0].ID, es[0].LetterID)
 		require.Equal(t, "a", es[0].AggregateID)
 		require.Equal(t, "drained 2", es[0].Detail)
-		require.Equal(t, "requested", es[1].Outcome)
+		require.Equal(t, operator.OutcomeRequested, es[1].Outcome)
 	})
 
 	t.Run("AFailedReplayFailsTheRequestAndChangesNothing", func(t *testing.T) {
@@ -111,7 +111,7 @@ func TestRequests(t *testing.T) {
 		require.Empty(t, e.seqs(t, "a"))
 		require.Len(t, open(t, p, "a"), 1)
 		es := audit(t, db, r.ID)
-		require.Equal(t, "failed", es[0].Outcome)
+		require.Equal(t, operator.OutcomeFailed, es[0].Outcome)
 		require.Contains(t, es[0].Detail, errBroken.Error())
 	})
 
@@ -189,7 +189,7 @@ func TestRequests(t *testing.T) {
 		require.EqualValues(t, 2, r.Progress.Drained)
 		require.Equal(t, []int64{1, 3, 4}, e.seqs(t, "a"))
 		es := audit(t, db, r.ID)
-		require.Equal(t, "resolved", es[0].Outcome)
+		require.Equal(t, operator.OutcomeResolved, es[0].Outcome)
 		require.Equal(t, "skipped 2..2, drained 2", es[0].Detail)
 
 		r = submitAndWait(t, db, &operator.Request{Consumer: "svc", Action: operator.ResolveGap,
@@ -233,7 +233,7 @@ func TestRequests(t *testing.T) {
 		es := audit(t, db, 0)
 		require.Len(t, es, 1)
 		require.Equal(t, operator.Entry{ID: es[0].ID, At: es[0].At, Actor: "bob", Consumer: "svc", Action: operator.Discard,
-			LetterID: letters[0].ID, AggregateType: "order", AggregateID: "a", Outcome: "discarded", Detail: "drained 0"}, es[0])
+			LetterID: letters[0].ID, AggregateType: "order", AggregateID: "a", Outcome: operator.OutcomeDiscarded, Detail: "drained 0"}, es[0])
 	})
 }
 
@@ -318,9 +318,9 @@ func leaseRunOut(t *testing.T, db *pgtest.DB, id int64) {
 }
 
 // auditOutcomes counts request id's audit rows by outcome.
-func auditOutcomes(t *testing.T, db *pgtest.DB, id int64) map[string]int {
+func auditOutcomes(t *testing.T, db *pgtest.DB, id int64) map[operator.Outcome]int {
 	t.Helper()
-	n := map[string]int{}
+	n := map[operator.Outcome]int{}
 	for _, e := range audit(t, db, id) {
 		n[e.Outcome]++
 	}
@@ -463,7 +463,7 @@ func TestRequestClaims(t *testing.T) {
 		for _, agg := range []string{"a", "b", "c"} {
 			require.Equal(t, []int64{1}, b.e.seqs(t, agg))
 		}
-		require.Equal(t, map[string]int{"requested": 1, "applied": 3}, auditOutcomes(t, b.db, id), "the first wrote no audit row of its failed action")
+		require.Equal(t, map[operator.Outcome]int{operator.OutcomeRequested: 1, operator.OutcomeApplied: 3}, auditOutcomes(t, b.db, id), "the first wrote no audit row of its failed action")
 		require.Equal(t, r, requestRow(t, b.db, id), "the first wrote nothing after the takeover")
 		require.Contains(t, log.String(), "another process took over the operator request")
 		require.Contains(t, log.String(), "level=WARN")
@@ -491,7 +491,7 @@ func TestRequestClaims(t *testing.T) {
 		for _, agg := range []string{"a", "b", "c", "d", "e"} {
 			require.Equal(t, []int64{1}, b.e.seqs(t, agg))
 		}
-		require.Equal(t, map[string]int{"requested": 1, "applied": 5}, auditOutcomes(t, b.db, id))
+		require.Equal(t, map[operator.Outcome]int{operator.OutcomeRequested: 1, operator.OutcomeApplied: 5}, auditOutcomes(t, b.db, id))
 		// The dead process's remains change nothing.
 		g.open()
 		st.open()
@@ -523,7 +523,7 @@ func TestRequestClaims(t *testing.T) {
 		require.Empty(t, b.e.seqs(t, "b"))
 		require.Empty(t, b.e.seqs(t, "c"))
 		require.Equal(t, 1, b.e.callsOf("c1"), "only its first failure")
-		require.Equal(t, map[string]int{"requested": 1, "applied": 1, "cancelled": 1}, auditOutcomes(t, b.db, id))
+		require.Equal(t, map[operator.Outcome]int{operator.OutcomeRequested: 1, operator.OutcomeApplied: 1, operator.OutcomeCancelled: 1}, auditOutcomes(t, b.db, id))
 	})
 }
 

@@ -63,9 +63,9 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 			r.Attempts = 1
 		}
 		res = r
-		outcome, delta := "applied", operator.Progress{Applied: 1, Drained: int64(r.Drained)}
+		outcome, delta := operator.OutcomeApplied, operator.Progress{Applied: 1, Drained: int64(r.Drained)}
 		if r.Outcome == Duplicate {
-			outcome, delta = "duplicate", operator.Progress{Duplicates: 1, Drained: int64(r.Drained)}
+			outcome, delta = operator.OutcomeDuplicate, operator.Progress{Duplicates: 1, Drained: int64(r.Drained)}
 		}
 		if err := p.audit(ctx, tx, e, outcome, drainedDetail(r.Drained)); err != nil {
 			return err
@@ -95,7 +95,7 @@ func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 		if err := p.discard(ctx, tx, id, l, &drained); err != nil {
 			return err
 		}
-		if err := p.audit(ctx, tx, e, "discarded", drainedDetail(drained)); err != nil {
+		if err := p.audit(ctx, tx, e, operator.OutcomeDiscarded, drainedDetail(drained)); err != nil {
 			return err
 		}
 		return p.countRequest(ctx, tx, operator.Progress{Discarded: 1, Drained: int64(drained)})
@@ -189,7 +189,7 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 		if found.DeadLetterID != 0 {
 			detail += fmt.Sprintf(", stopped at dead letter %d", found.DeadLetterID)
 		}
-		if err := p.audit(ctx, tx, e, "resolved", detail); err != nil {
+		if err := p.audit(ctx, tx, e, operator.OutcomeResolved, detail); err != nil {
 			return err
 		}
 		return p.countRequest(ctx, tx, operator.Progress{Drained: int64(n)})

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
@@ -115,7 +116,7 @@ func (d *Dashboard) confirmLetter(r *http.Request, data *confirmData, id string)
 		return &badRequest{http.StatusBadRequest, fmt.Errorf("dashboard: letter id %q is not a number", id)}
 	}
 	l, err := d.letters.Peek(r.Context(), d.pool, n)
-	if errors.Is(err, deadletter.ErrNotFound) || (err == nil && l.Consumer != data.Consumer) {
+	if errors.Is(err, outbox.ErrNotFound) || (err == nil && l.Consumer != data.Consumer) {
 		return &badRequest{http.StatusNotFound, fmt.Errorf("dashboard: consumer %q has no dead letter %d", data.Consumer, n)}
 	}
 	if err != nil {

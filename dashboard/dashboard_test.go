@@ -266,6 +266,12 @@ func TestPages(t *testing.T) {
 		status, body := b.get("/ops/consumers/billing/letters?failed_after=yesterday")
 		require.Equal(t, http.StatusBadRequest, status)
 		require.Contains(t, body, "is not a time")
+		status, body = b.get("/ops/consumers/billing/letters?reason=handlr")
+		require.Equal(t, http.StatusBadRequest, status)
+		require.Contains(t, body, "want one of handler, panic, timeout, sequence, input, delivery_limit")
+		for _, r := range deadletter.Reasons() {
+			require.Contains(t, page, "<option>"+string(r)+"</option>", "the reason filter offers every reason")
+		}
 	})
 	t.Run("Letter", func(t *testing.T) {
 		b := b.with(t)
@@ -320,6 +326,8 @@ func TestPages(t *testing.T) {
 		require.Equal(t, loc, again)
 		require.Equal(t, 1, strings.Count(b.page("/ops/audit"), "producer dead event 7"))
 		require.Contains(t, b.page("/ops/producer/dead/7/confirm?action=replay"), "replayed already: there is nothing to do")
+		status, _ = b.get("/ops/producer/dead/8/confirm?action=replay")
+		require.Equal(t, http.StatusNotFound, status)
 	})
 	t.Run("RequestsAndAudit", func(t *testing.T) {
 		b := b.with(t)

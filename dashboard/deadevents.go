@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/producer"
 )
@@ -30,14 +32,14 @@ type deadEvent struct {
 }
 
 // deadEventsFilter reads the page's filter from q.
-func deadEventsFilter(q url.Values) (producer.ListOpts, error) {
-	o := producer.ListOpts{Status: producer.Status(q.Get("status")), AggregateType: q.Get("aggregate_type"), AggregateID: q.Get("aggregate_id")}
+func deadEventsFilter(q url.Values) (deadletter.ListOpts, error) {
+	o := deadletter.ListOpts{Status: deadletter.Status(q.Get("status")), AggregateType: q.Get("aggregate_type"), AggregateID: q.Get("aggregate_id")}
 	switch o.Status {
 	case "":
-		o.Status = producer.StatusDead
+		o.Status = deadletter.StatusDead
 	case "all":
 		o.Status = ""
-	case producer.StatusDead, producer.StatusReplayed, producer.StatusDiscarded:
+	case deadletter.StatusDead, deadletter.StatusReplayed, deadletter.StatusDiscarded:
 	default:
 		return o, fmt.Errorf("dashboard: status %q: want dead, replayed, discarded or all", o.Status)
 	}
@@ -61,7 +63,7 @@ func (d *Dashboard) deadEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	data := deadEventsData{Status: q.Get("status"), AggregateType: opts.AggregateType, AggregateID: opts.AggregateID}
 	if data.Status == "" {
-		data.Status = string(producer.StatusDead)
+		data.Status = string(deadletter.StatusDead)
 	}
 	if len(list) > d.cfg.PageSize {
 		list = list[:d.cfg.PageSize]
@@ -71,7 +73,7 @@ func (d *Dashboard) deadEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, e := range list {
 		v := deadEvent{DeadEvent: e, Payload: newValue(e.Payload, e.PayloadSize)}
-		if e.Status == producer.StatusDead {
+		if e.Status == deadletter.StatusDead {
 			v.Replay = d.cfg.Prefix + "/producer/dead/" + itoa(e.ID) + "/confirm?action=replay"
 			v.Discard = d.cfg.Prefix + "/producer/dead/" + itoa(e.ID) + "/confirm?action=discard"
 		}
@@ -86,12 +88,12 @@ func (d *Dashboard) findDeadEvent(r *http.Request, id string) (*producer.DeadEve
 	if err != nil || n <= 0 {
 		return nil, &badRequest{http.StatusBadRequest, fmt.Errorf("dashboard: dead event id %q is not a number", id)}
 	}
-	list, err := d.dead.List(r.Context(), d.pool, &producer.ListOpts{AfterID: n - 1, Limit: 1, Brief: true})
+	list, err := d.dead.List(r.Context(), d.pool, &deadletter.ListOpts{AfterID: n - 1, Limit: 1, Brief: true})
 	if err != nil {
 		return nil, err
 	}
 	if len(list) == 0 || list[0].ID != n {
-		return nil, &badRequest{http.StatusNotFound, fmt.Errorf("dashboard: no dead event %d", n)}
+		return nil, &badRequest{http.StatusNotFound, fmt.Errorf("dashboard: dead event %d: %w", n, outbox.ErrNotFound)}
 	}
 	return &list[0], nil
 }
@@ -115,7 +117,7 @@ func (d *Dashboard) confirmDeadEvent(w http.ResponseWriter, r *http.Request) {
 		hold = "The events of " + e.AggregateType + "/" + e.AggregateID + " that wait behind it are then released, in order."
 	}
 	switch {
-	case e.Status != producer.StatusDead:
+	case e.Status != deadletter.StatusDead:
 		data.Nothing, data.What = true, fmt.Sprintf("Dead event %d is %s already: there is nothing to do.", e.ID, e.Status)
 	case action == operator.Replay:
 		data.What = fmt.Sprintf("Put dead event %d (%s, %s/%s seq %d) back into the outbox with its attempts reset; the relay publishes it next. %s",
@@ -148,11 +150,11 @@ func (d *Dashboard) actOnDeadEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	action := operator.Action(r.PostFormValue("action"))
-	act, status := d.dead.Replay, producer.StatusReplayed
+	act, status, outcome := d.dead.Replay, deadletter.StatusReplayed, operator.OutcomeReplayed
 	switch action {
 	case operator.Replay:
 	case operator.Discard:
-		act, status = d.dead.Discard, producer.StatusDiscarded
+		act, status, outcome = d.dead.Discard, deadletter.StatusDiscarded, operator.OutcomeDiscarded
 	default:
 		d.fail(w, r, http.StatusBadRequest, fmt.Errorf("dashboard: action %q: want replay or discard", action))
 		return
@@ -170,13 +172,17 @@ func (d *Dashboard) actOnDeadEvent(w http.ResponseWriter, r *http.Request) {
 		if err := act(ctx, tx, id); err != nil {
 			return err
 		}
-		return d.ops.Record(ctx, tx, &operator.Entry{Actor: actor, Action: action, Outcome: string(status),
+		return d.ops.Record(ctx, tx, &operator.Entry{Actor: actor, Action: action, Outcome: outcome,
 			Detail: fmt.Sprintf("producer dead event %d", id)})
 	})
 	if err != nil {
 		done("")
 	}
-	if errors.Is(err, producer.ErrNotDead) {
+	if errors.Is(err, outbox.ErrNotFound) {
+		d.fail(w, r, http.StatusNotFound, err)
+		return
+	}
+	if errors.Is(err, deadletter.ErrResolved) {
 		d.fail(w, r, http.StatusConflict, err)
 		return
 	}

@@ -52,7 +52,11 @@ func parseFilter(q url.Values, consumer string) (filter, deadletter.ListOpts, er
 		f.Status = string(deadletter.StatusDead)
 	}
 	o := deadletter.ListOpts{Consumer: consumer, Topic: f.Topic, AggregateType: f.AggregateType, AggregateID: f.AggregateID,
-		Reason: f.Reason, Failure: f.Failure}
+		Failure: f.Failure}
+	var err error
+	if o.Reason, err = deadletter.ParseReason(f.Reason); err != nil {
+		return f, o, err
+	}
 	switch deadletter.Status(f.Status) {
 	case deadletter.StatusDead, deadletter.StatusReplayed, deadletter.StatusDiscarded:
 		o.Status = deadletter.Status(f.Status)
@@ -60,7 +64,6 @@ func parseFilter(q url.Values, consumer string) (filter, deadletter.ListOpts, er
 	default:
 		return f, o, fmt.Errorf("dashboard: status %q: want dead, replayed, discarded or all", f.Status)
 	}
-	var err error
 	if o.FailedAfter, err = parseTime("failed_after", f.FailedAfter); err != nil {
 		return f, o, err
 	}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/ordering"
 )
@@ -157,7 +158,7 @@ func (d *Dashboard) openLetter(w http.ResponseWriter, r *http.Request, consumer,
 		return nil, false
 	}
 	l, err := d.letters.Peek(r.Context(), d.pool, n)
-	if errors.Is(err, deadletter.ErrNotFound) || (err == nil && l.Consumer != consumer) {
+	if errors.Is(err, outbox.ErrNotFound) || (err == nil && l.Consumer != consumer) {
 		d.fail(w, r, http.StatusNotFound, errors.New("dashboard: consumer "+strconv.Quote(consumer)+" has no dead letter "+id))
 		return nil, false
 	}

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/d419a114/outbox/deadletter"
 )
 
 //go:embed templates/*.html
@@ -38,6 +40,8 @@ var funcs = template.FuncMap{
 	},
 	"seg":  url.PathEscape,
 	"list": func(s ...string) []string { return s },
+	// reasons are the dead letters' reasons, for a filter to offer.
+	"reasons": deadletter.Reasons,
 }
 
 func parsePages() (pages, error) {

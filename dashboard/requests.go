@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/operator"
 )
 
@@ -52,7 +53,7 @@ func (d *Dashboard) request(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, err := d.ops.Get(r.Context(), d.pool, id)
-	if errors.Is(err, operator.ErrNotFound) {
+	if errors.Is(err, outbox.ErrNotFound) {
 		d.fail(w, r, http.StatusNotFound, err)
 		return
 	}
@@ -115,7 +116,7 @@ func (d *Dashboard) cancelRequest(w http.ResponseWriter, r *http.Request) {
 	}
 	_, err = d.ops.Cancel(operator.WithActor(r.Context(), actor), d.pool, id)
 	switch {
-	case errors.Is(err, operator.ErrNotFound):
+	case errors.Is(err, outbox.ErrNotFound):
 		d.fail(w, r, http.StatusNotFound, err)
 		return
 	case errors.Is(err, operator.ErrFinished):

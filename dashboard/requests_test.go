@@ -33,5 +33,5 @@ func TestCancelRequest(t *testing.T) {
 	es, err := ops.Audit(ctx, f.db.Pool, &operator.AuditOpts{RequestID: id})
 	require.NoError(t, err)
 	require.Equal(t, "alice", es[0].Actor)
-	require.Equal(t, "cancelled", es[0].Outcome)
+	require.Equal(t, operator.OutcomeCancelled, es[0].Outcome)
 }

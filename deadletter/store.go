@@ -14,14 +14,17 @@ import (
 	"github.com/d419a114/outbox/internal/tables"
 )
 
-// Status is what became of a dead letter.
+// Status is what became of a dead letter, or of a dead event of package
+// producer (producer.DeadEvent.Status).
 type Status string
 
 const (
 	// StatusDead is a letter waiting for an operator. Its aggregate's
-	// later records are parked behind it.
+	// later records are parked behind it (for a dead event: its
+	// aggregate's later events wait when its Hold is set).
 	StatusDead Status = "dead"
-	// StatusReplayed is a letter applied by Replay.
+	// StatusReplayed is a letter applied by Replay (a dead event put back
+	// into the outbox by its Replay).
 	StatusReplayed Status = "replayed"
 	// StatusDiscarded is a letter given up on by Discard; its successors
 	// were released.
@@ -44,10 +47,8 @@ type Letter struct {
 	// Error is why the record failed; Stack is the handler's stack when it
 	// panicked.
 	Error, Stack string
-	// Reason is the class of the failure, one of a few the consumer
-	// names: "handler", "panic", "timeout", "sequence", "input" and
-	// "delivery_limit" (see consumer.LetterCount).
-	Reason string
+	// Reason is the class of the failure, one of Reasons.
+	Reason Reason
 	// Failure is the failure's fingerprint: letters that fail the same way
 	// (the same reason, error type and handler frame, or the same error
 	// wording up to its numbers) share it. Failures groups them by it.
@@ -102,10 +103,18 @@ func New(cfg *Config) *Store {
 // (attempts add up, the error is the newest), and a different record at the
 // same place gets a letter of its own. A record whose letter was replayed or
 // discarded already is not stored again: Put returns an error wrapping
-// ErrResolved and changes nothing.
+// ErrResolved and changes nothing. An empty Reason is ReasonHandler; a
+// Reason that is not one of Reasons is refused.
 func (s *Store) Put(ctx context.Context, tx pgx.Tx, l *Letter) (int64, error) {
 	if l.Consumer == "" || l.Record == nil {
 		return 0, errors.New("deadletter: put: letter needs a consumer and a record")
+	}
+	reason := l.Reason
+	if reason == "" {
+		reason = ReasonHandler
+	}
+	if !reason.Valid() {
+		return 0, fmt.Errorf("deadletter: put: unknown reason %q; want one of %s", l.Reason, reasonList())
 	}
 	r := l.Record
 	keys, values := recordsql.Split(r.Headers)
@@ -117,8 +126,8 @@ func (s *Store) Put(ctx context.Context, tx pgx.Tx, l *Letter) (int64, error) {
 	err := tx.QueryRow(ctx, s.sql.Put,
 		l.Consumer, recordsql.TextSafe(r.Topic), r.Partition, r.Offset, r.Key, r.Value, keys, values, recTime,
 		nullString(l.IdempotencyKey), aggField(l.AggregateType, l.Seq), aggField(l.AggregateID, l.Seq), nullSeq(l.Seq),
-		recordsql.TextSafe(l.Error), nullString(l.Stack), max(l.Attempts, 1), orDefault(l.Reason, "handler"),
-		recordsql.TextSafe(orDefault(l.Failure, orDefault(l.Reason, "handler")))).Scan(&id)
+		recordsql.TextSafe(l.Error), nullString(l.Stack), max(l.Attempts, 1), string(reason),
+		recordsql.TextSafe(orDefault(l.Failure, string(reason)))).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("deadletter: put: the record's letter was replayed or discarded: %w", ErrResolved)
 	}
@@ -128,7 +137,7 @@ func (s *Store) Put(ctx context.Context, tx pgx.Tx, l *Letter) (int64, error) {
 	return id, nil
 }
 
-// Get returns the letter with id, or ErrNotFound.
+// Get returns the letter with id, or an error wrapping outbox.ErrNotFound.
 func (s *Store) Get(ctx context.Context, db outbox.DB, id int64) (*Letter, error) {
 	return s.get(ctx, db, s.sql.Get, id)
 }
@@ -153,19 +162,23 @@ func (s *Store) get(ctx context.Context, db outbox.DB, sql string, id int64) (*L
 		return nil, fmt.Errorf("deadletter: get %d: %w", id, err)
 	}
 	if len(ls) == 0 {
-		return nil, fmt.Errorf("deadletter: get %d: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("deadletter: letter %d: %w", id, outbox.ErrNotFound)
 	}
 	return ls[0], nil
 }
 
-// ListOpts filters List, Match and Preview. Zero fields do not filter.
+// ListOpts filters List, Match and Preview, and package producer's
+// DeadEvents.List (which takes only Status, AggregateType, AggregateID,
+// AfterID, Brief and Limit, and refuses the others). Zero fields do not
+// filter. A Status or Reason that is not one of the package's constants
+// is refused rather than matching nothing.
 type ListOpts struct {
 	Consumer      string
 	Topic         string
 	Status        Status
 	AggregateType string
 	AggregateID   string
-	Reason        string
+	Reason        Reason
 	Failure       string
 	// IdempotencyKey finds the letters of one key (with Consumer, along
 	// an index).
@@ -193,8 +206,22 @@ type ListOpts struct {
 // letters). An unnamed statement is planned for its values every time.
 func (o *ListOpts) args() []any {
 	return []any{pgx.QueryExecModeExec, tables.Filter(o.Consumer), tables.Filter(o.Topic), tables.Filter(string(o.Status)),
-		tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), tables.Filter(o.Reason), tables.Filter(o.Failure),
+		tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), tables.Filter(string(o.Reason)), tables.Filter(o.Failure),
 		nullTime(o.FailedAfter), nullTime(o.FailedBefore), tables.Filter(o.IdempotencyKey)}
+}
+
+// Check returns an error when o's Status or Reason is not one of the
+// package's constants: such a filter would match nothing.
+func (o *ListOpts) Check() error {
+	switch o.Status {
+	case "", StatusDead, StatusReplayed, StatusDiscarded:
+	default:
+		return fmt.Errorf("deadletter: unknown status %q; want dead, replayed or discarded", o.Status)
+	}
+	if o.Reason != "" && !o.Reason.Valid() {
+		return fmt.Errorf("deadletter: unknown reason %q; want one of %s", o.Reason, reasonList())
+	}
+	return nil
 }
 
 func (o *ListOpts) limit(def int) int {
@@ -208,6 +235,9 @@ func (o *ListOpts) limit(def int) int {
 func (s *Store) List(ctx context.Context, db outbox.DB, opts *ListOpts) ([]*Letter, error) {
 	if opts == nil {
 		opts = &ListOpts{}
+	}
+	if err := opts.Check(); err != nil {
+		return nil, err
 	}
 	sql := s.sql.List
 	if opts.Brief {
@@ -244,6 +274,9 @@ func (s *Store) Match(ctx context.Context, db outbox.DB, opts *ListOpts) ([]Ref,
 	if opts == nil {
 		opts = &ListOpts{}
 	}
+	if err := opts.Check(); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, s.sql.Match, append(opts.args(), opts.limit(maxMatch))...)
 	if err != nil {
 		return nil, fmt.Errorf("deadletter: match: %w", err)
@@ -276,6 +309,9 @@ func (s *Store) Preview(ctx context.Context, db outbox.DB, opts *ListOpts) (Prev
 	if opts == nil {
 		opts = &ListOpts{}
 	}
+	if err := opts.Check(); err != nil {
+		return Preview{}, err
+	}
 	var p Preview
 	if err := db.QueryRow(ctx, s.sql.Preview, append(opts.args(), opts.limit(maxMatch))...).Scan(&p.Letters, &p.Aggregates, &p.Parked); err != nil {
 		return Preview{}, fmt.Errorf("deadletter: preview: %w", err)
@@ -286,8 +322,9 @@ func (s *Store) Preview(ctx context.Context, db outbox.DB, opts *ListOpts) (Prev
 // Failure is a group of a consumer's open letters that failed the same
 // way.
 type Failure struct {
-	Failure, Reason string
-	Count           int64
+	Failure string
+	Reason  Reason
+	Count   int64
 	// Oldest is when the group's first letter first failed, Newest when
 	// its last one last failed.
 	Oldest, Newest time.Time
@@ -393,7 +430,7 @@ type row struct {
 	LastFailedAt   time.Time  `db:"last_failed_at"`
 	Status         Status     `db:"status"`
 	ResolvedAt     *time.Time `db:"resolved_at"`
-	Reason         string     `db:"reason"`
+	Reason         Reason     `db:"reason"`
 	Failure        string     `db:"failure"`
 	ValueSize      int        `db:"value_size"`
 	History        []Delivery `db:"history"`

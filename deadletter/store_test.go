@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
 )
@@ -121,7 +122,22 @@ func TestStore(t *testing.T) {
 		t.Parallel()
 		s, db := setup(t)
 		_, err := s.Get(ctx, db.Pool, 42)
-		require.ErrorIs(t, err, deadletter.ErrNotFound)
+		require.ErrorIs(t, err, outbox.ErrNotFound)
+		require.ErrorContains(t, err, "deadletter: letter 42: outbox: not found")
+	})
+
+	t.Run("PutDefaultsTheReasonAndRefusesAnUnknownOne", func(t *testing.T) {
+		t.Parallel()
+		s, db := setup(t)
+		id, err := put(ctx, s, db.Pool, letter("svc", "orders", 1, "o-1"))
+		require.NoError(t, err)
+		got, err := s.Get(ctx, db.Pool, id)
+		require.NoError(t, err)
+		require.Equal(t, deadletter.ReasonHandler, got.Reason)
+		l := letter("svc", "orders", 2, "o-2")
+		l.Reason = "broken"
+		_, err = put(ctx, s, db.Pool, l)
+		require.ErrorContains(t, err, `unknown reason "broken"`)
 	})
 
 	t.Run("ListFilters", func(t *testing.T) {

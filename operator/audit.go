@@ -26,18 +26,46 @@ type Entry struct {
 	// far as the action names it.
 	LetterID                   int64
 	AggregateType, AggregateID string
-	// Outcome is one word: requested, applied, duplicate, discarded,
-	// resolved, failed, skipped, done.
-	Outcome string
+	// Outcome is what came of the action.
+	Outcome Outcome
 	// Detail is the rest: the error, the filter, how many were drained.
 	Detail string
 }
+
+// Outcome is what came of an operator action, one word in the audit log.
+type Outcome string
+
+const (
+	// OutcomeRequested is a request submitted (Store.Submit); the process
+	// that carries it out writes a row per action it takes.
+	OutcomeRequested Outcome = "requested"
+	// OutcomeCancelled is a request cancelled (Store.Cancel) before it
+	// ended.
+	OutcomeCancelled Outcome = "cancelled"
+	// OutcomeApplied is a dead letter replayed whose record was applied.
+	OutcomeApplied Outcome = "applied"
+	// OutcomeDuplicate is a dead letter replayed whose record had been
+	// applied already (its key was claimed): the letter is resolved and
+	// nothing was applied again.
+	OutcomeDuplicate Outcome = "duplicate"
+	// OutcomeReplayed is a producer's dead event put back into the outbox
+	// (ReplayEvent from the command line, Replay from the dashboard).
+	OutcomeReplayed Outcome = "replayed"
+	// OutcomeDiscarded is a dead letter or dead event given up on.
+	OutcomeDiscarded Outcome = "discarded"
+	// OutcomeResolved is a gap resolved (ResolveGap): the aggregate's
+	// parked records were released past it.
+	OutcomeResolved Outcome = "resolved"
+	// OutcomeFailed is an action that failed and changed nothing;
+	// Entry.Detail holds its error.
+	OutcomeFailed Outcome = "failed"
+)
 
 // Record writes e (ID and At are set by the database). Given the action's
 // own transaction, the row stands or falls with the action.
 func (s *Store) Record(ctx context.Context, db outbox.DB, e *Entry) error {
 	if _, err := db.Exec(ctx, s.sql.Record, e.Actor, e.Consumer, string(e.Action), nullID(e.RequestID), nullID(e.LetterID),
-		tables.Filter(e.AggregateType), tables.Filter(e.AggregateID), e.Outcome, tables.Filter(e.Detail)); err != nil {
+		tables.Filter(e.AggregateType), tables.Filter(e.AggregateID), string(e.Outcome), tables.Filter(e.Detail)); err != nil {
 		return fmt.Errorf("operator: audit %s of %q: %w", e.Action, e.Consumer, err)
 	}
 	return nil

@@ -176,6 +176,9 @@ func (r *Request) validate() error {
 	default:
 		return fmt.Errorf("operator: unknown action %q; want replay, discard or resolve_gap: %w", r.Action, ErrInvalid)
 	}
+	if err := l.Check(); err != nil {
+		return fmt.Errorf("operator: %s: %w: %w", r.Action, err, ErrInvalid)
+	}
 	// Written so that NaN, which compares false with everything, fails.
 	if r.Rate != 0 && !(r.Rate >= MinRate && r.Rate <= MaxRate) {
 		return fmt.Errorf("operator: Rate %v letters per second is out of range; want 0 (no bound) or %g to %g: %w", r.Rate, MinRate, MaxRate, ErrInvalid)
@@ -198,12 +201,12 @@ func (s *Store) Submit(ctx context.Context, db outbox.DB, r *Request) (int64, er
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		l := &r.Letters
 		if err := tx.QueryRow(ctx, s.sql.Submit, r.Consumer, string(r.Action), nullID(r.LetterID), tables.Filter(l.Topic),
-			tables.Filter(l.AggregateType), tables.Filter(l.AggregateID), tables.Filter(l.Reason), tables.Filter(l.Failure),
+			tables.Filter(l.AggregateType), tables.Filter(l.AggregateID), tables.Filter(string(l.Reason)), tables.Filter(l.Failure),
 			nullTime(l.FailedAfter), nullTime(l.FailedBefore), nullRate(r.Rate), by).Scan(&id); err != nil {
 			return err
 		}
 		e := &Entry{Actor: by, Consumer: r.Consumer, Action: r.Action, RequestID: id, LetterID: r.LetterID,
-			AggregateType: l.AggregateType, AggregateID: l.AggregateID, Outcome: "requested", Detail: r.describe()}
+			AggregateType: l.AggregateType, AggregateID: l.AggregateID, Outcome: OutcomeRequested, Detail: r.describe()}
 		if err := s.Record(ctx, tx, e); err != nil {
 			return err
 		}
@@ -227,7 +230,7 @@ func (r *Request) describe() string {
 	d := "letters"
 	l := &r.Letters
 	for _, f := range []struct{ name, v string }{{"topic", l.Topic}, {"aggregate_type", l.AggregateType}, {"aggregate_id", l.AggregateID},
-		{"reason", l.Reason}, {"failure", l.Failure}} {
+		{"reason", string(l.Reason)}, {"failure", l.Failure}} {
 		if f.v != "" {
 			d += fmt.Sprintf(" %s=%q", f.name, f.v)
 		}
@@ -247,14 +250,14 @@ func (r *Request) describe() string {
 	return d
 }
 
-// Get returns request id, or an error wrapping ErrNotFound.
+// Get returns request id, or an error wrapping outbox.ErrNotFound.
 func (s *Store) Get(ctx context.Context, db outbox.DB, id int64) (*Request, error) {
 	rs, err := s.query(ctx, db, s.sql.Get, id)
 	if err != nil {
 		return nil, fmt.Errorf("operator: get request %d: %w", id, err)
 	}
 	if len(rs) == 0 {
-		return nil, fmt.Errorf("operator: request %d: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("operator: request %d: %w", id, outbox.ErrNotFound)
 	}
 	return rs[0], nil
 }
@@ -422,7 +425,8 @@ func (s *Store) fenced(ctx context.Context, db outbox.DB, r *Request) error {
 // Cancel ends request id, pending or running, as Cancelled and writes
 // its audit row, with Actor(ctx) as who cancelled it; it returns the
 // request as cancelled. A request that has ended already is left as it is
-// and the error wraps ErrFinished; an unknown id gives ErrNotFound.
+// and the error wraps ErrFinished; an unknown id gives an error wrapping
+// outbox.ErrNotFound.
 //
 // After Cancel returns, no further action of the request takes effect:
 // each action counts itself in its own transaction, under a check that
@@ -436,7 +440,7 @@ func (s *Store) Cancel(ctx context.Context, db outbox.DB, id int64) (*Request, e
 		// FOR UPDATE waits for an action that has counted itself to
 		// commit, so that it is counted before the cancel.
 		if err := tx.QueryRow(ctx, s.sql.LockStatus, id).Scan(&was); errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("operator: request %d: %w", id, ErrNotFound)
+			return fmt.Errorf("operator: request %d: %w", id, outbox.ErrNotFound)
 		} else if err != nil {
 			return err
 		}
@@ -449,9 +453,9 @@ func (s *Store) Cancel(ctx context.Context, db outbox.DB, id int64) (*Request, e
 		}
 		r = rs[0]
 		return s.Record(ctx, tx, &Entry{Actor: Actor(ctx), Consumer: r.Consumer, Action: r.Action, RequestID: id, LetterID: r.LetterID,
-			AggregateType: r.Letters.AggregateType, AggregateID: r.Letters.AggregateID, Outcome: "cancelled", Detail: "was " + string(was)})
+			AggregateType: r.Letters.AggregateType, AggregateID: r.Letters.AggregateID, Outcome: OutcomeCancelled, Detail: "was " + string(was)})
 	})
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrFinished) {
+	if errors.Is(err, outbox.ErrNotFound) || errors.Is(err, ErrFinished) {
 		return nil, err
 	}
 	if err != nil {
@@ -483,7 +487,7 @@ func (s *Store) query(ctx context.Context, db outbox.DB, sql string, args ...any
 		}
 		r.LetterID, r.Rate, r.Error = deref(letter), deref(rate), deref(errText)
 		r.Letters = deadletter.ListOpts{Topic: deref(topic), AggregateType: deref(aggType), AggregateID: deref(aggID),
-			Reason: deref(reason), Failure: deref(failure), FailedAfter: deref(after), FailedBefore: deref(before)}
+			Reason: deadletter.Reason(deref(reason)), Failure: deref(failure), FailedAfter: deref(after), FailedBefore: deref(before)}
 		return &r, nil
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
@@ -27,6 +28,7 @@ func TestSubmit(t *testing.T) {
 		"UnknownAction":       {Consumer: "svc", Action: "redo", LetterID: 1},
 		"BulkWithoutFilter":   {Consumer: "svc", Action: operator.Discard},
 		"GapWithoutAggregate": {Consumer: "svc", Action: operator.ResolveGap},
+		"UnknownReason":       {Consumer: "svc", Action: operator.Replay, Letters: deadletter.ListOpts{Reason: "handlr"}},
 	} {
 		_, err := ops.Submit(ctx, db.Pool, r)
 		require.ErrorIs(t, err, operator.ErrInvalid, name)
@@ -41,7 +43,7 @@ func TestSubmit(t *testing.T) {
 	require.Equal(t, operator.Pending, r.Status)
 	require.Equal(t, "carol", r.RequestedBy)
 	require.Equal(t, "orders", r.Letters.Topic)
-	require.Equal(t, "input", r.Letters.Reason)
+	require.Equal(t, deadletter.ReasonInput, r.Letters.Reason)
 	require.True(t, after.Equal(r.Letters.FailedAfter))
 	require.InDelta(t, 5, r.Rate, 0)
 	require.Nil(t, r.StartedAt)
@@ -49,11 +51,11 @@ func TestSubmit(t *testing.T) {
 	es, err := ops.Audit(ctx, db.Pool, &operator.AuditOpts{RequestID: id})
 	require.NoError(t, err)
 	require.Len(t, es, 1)
-	require.Equal(t, "requested", es[0].Outcome)
+	require.Equal(t, operator.OutcomeRequested, es[0].Outcome)
 	require.Equal(t, `letters topic="orders" reason="input" failed_after=2026-01-02T03:04:05Z at 5/s`, es[0].Detail)
 
 	_, err = ops.Get(ctx, db.Pool, id+100)
-	require.ErrorIs(t, err, operator.ErrNotFound)
+	require.ErrorIs(t, err, outbox.ErrNotFound)
 
 	list, err := ops.List(ctx, db.Pool, &operator.ListOpts{Consumer: "svc", Status: operator.Pending})
 	require.NoError(t, err)
@@ -323,7 +325,7 @@ func TestCancel(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, es, 2)
 		require.Equal(t, operator.Entry{ID: es[0].ID, At: es[0].At, Actor: "dave", Consumer: "svc", Action: operator.Discard, RequestID: id,
-			Outcome: "cancelled", Detail: "was pending"}, es[0])
+			Outcome: operator.OutcomeCancelled, Detail: "was pending"}, es[0])
 	})
 
 	t.Run("ARunningRequestsCarrierIsStopped", func(t *testing.T) {
@@ -376,7 +378,7 @@ func TestCancel(t *testing.T) {
 		require.ErrorIs(t, err, operator.ErrFinished)
 		require.ErrorContains(t, err, "is done already")
 		_, err = ops.Cancel(ctx, db.Pool, id+100)
-		require.ErrorIs(t, err, operator.ErrNotFound)
+		require.ErrorIs(t, err, outbox.ErrNotFound)
 		got, err := ops.Get(ctx, db.Pool, id)
 		require.NoError(t, err)
 		require.Equal(t, operator.Done, got.Status)

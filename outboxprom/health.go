@@ -246,8 +246,8 @@ func (h *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		for _, l := range c.v.Letters {
-			emit(h.letters, float64(l.Count), c.name, l.Topic, l.Reason)
-			emit(h.letterAge, l.Oldest.Seconds(), c.name, l.Topic, l.Reason)
+			emit(h.letters, float64(l.Count), c.name, l.Topic, string(l.Reason))
+			emit(h.letterAge, l.Oldest.Seconds(), c.name, l.Topic, string(l.Reason))
 		}
 		emit(h.parkedAggregates, float64(c.v.ParkedAggregates), c.name)
 		emit(h.parkedRecords, float64(c.v.ParkedRecords), c.name)

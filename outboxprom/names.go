@@ -125,8 +125,8 @@ const (
 	LabelConsumer = "consumer"
 	// LabelGroup is a Kafka consumer group.
 	LabelGroup = "group"
-	// LabelReason is a dead letter's class (consumer.LetterCount.Reason):
-	// handler, panic, timeout, sequence, input or delivery_limit.
+	// LabelReason is a dead letter's class (consumer.LetterCount.Reason),
+	// one of deadletter.Reasons.
 	LabelReason = "reason"
 	// LabelSource is what a HealthUp series is about: producer, consumer,
 	// group_lag or topic_retention.

@@ -5,10 +5,6 @@ import (
 	"fmt"
 )
 
-// ErrNotDead is returned by Replay and Discard when the id names no event
-// in status dead (unknown, or already replayed or discarded).
-var ErrNotDead = errors.New("producer: no dead event with that id")
-
 // ValidationError says which field of which event was refused and why:
 // an empty required field, text that is not UTF-8, a payload over
 // WriterConfig.MaxPayloadBytes, a field over its outbox.Max*Bytes limit, a

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
@@ -272,13 +273,13 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		var list []producer.DeadEvent
 		waitFor(t, 30*time.Second, "the poison event dead", func() bool {
 			var err error
-			list, err = dead.List(ctx, b.db.Pool, &producer.ListOpts{Status: producer.StatusDead})
+			list, err = dead.List(ctx, b.db.Pool, &deadletter.ListOpts{Status: deadletter.StatusDead})
 			require.NoError(t, err)
 			return len(list) == 1
 		})
 		require.Equal(t, int64(1), list[0].Seq)
 		require.Equal(t, 3, list[0].Attempts)
-		require.Contains(t, list[0].LastError, "MESSAGE_TOO_LARGE")
+		require.Contains(t, list[0].Error, "MESSAGE_TOO_LARGE")
 		require.True(t, list[0].Hold)
 
 		// Other aggregates flow; the sick aggregate's later events wait.
@@ -290,7 +291,12 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 
 		fault.Remove() // the fix
 		require.NoError(t, dead.Replay(ctx, b.db.Pool, list[0].ID))
-		require.ErrorIs(t, dead.Replay(ctx, b.db.Pool, list[0].ID), producer.ErrNotDead)
+		err = dead.Replay(ctx, b.db.Pool, list[0].ID)
+		require.ErrorIs(t, err, deadletter.ErrResolved)
+		require.ErrorContains(t, err, fmt.Sprintf("producer: replay dead event %d: it is replayed", list[0].ID))
+		err = dead.Discard(ctx, b.db.Pool, list[0].ID+1000)
+		require.ErrorIs(t, err, outbox.ErrNotFound)
+		require.EqualError(t, err, fmt.Sprintf("producer: discard dead event %d: outbox: not found", list[0].ID+1000))
 		b.waitDelivered(t, 30*time.Second)
 
 		// The aggregate's events span two topics, so their order shows in
@@ -335,7 +341,7 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		b.startRelay(t, &producer.RelayConfig{MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond})
 		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: b.db.Schema})
 		deadOnes := func() []producer.DeadEvent {
-			list, err := dead.List(ctx, b.db.Pool, &producer.ListOpts{Status: producer.StatusDead})
+			list, err := dead.List(ctx, b.db.Pool, &deadletter.ListOpts{Status: deadletter.StatusDead})
 			require.NoError(t, err)
 			return list
 		}

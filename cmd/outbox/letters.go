@@ -10,12 +10,39 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/operator"
 )
 
+// reasonNames is the -reason flag's values, as its help lists them.
+func reasonNames() string {
+	var names []string
+	for _, r := range deadletter.Reasons() {
+		names = append(names, string(r))
+	}
+	return strings.Join(names, ", ")
+}
+
+// statusFlag reads the -status flag ("all" was made "" by parse).
+func statusFlag(s string) (deadletter.Status, error) {
+	switch st := deadletter.Status(s); st {
+	case "", deadletter.StatusDead, deadletter.StatusReplayed, deadletter.StatusDiscarded:
+		return st, nil
+	}
+	return "", usageError("-status %q: want dead, replayed, discarded or all", s)
+}
+
 // filter is the letters the command line's FILTER flags match.
 func (e *env) filter() (deadletter.ListOpts, error) {
+	status, err := statusFlag(e.status)
+	if err != nil {
+		return deadletter.ListOpts{}, err
+	}
+	reason, err := deadletter.ParseReason(e.reason)
+	if err != nil {
+		return deadletter.ListOpts{}, usageError("-reason %q: want one of %s", e.reason, reasonNames())
+	}
 	now := time.Now()
 	after, err := when("since", e.since, now)
 	if err != nil {
@@ -25,8 +52,8 @@ func (e *env) filter() (deadletter.ListOpts, error) {
 	if err != nil {
 		return deadletter.ListOpts{}, err
 	}
-	return deadletter.ListOpts{Consumer: e.consumer, Topic: e.topic, Status: deadletter.Status(e.status),
-		AggregateType: e.aggType, AggregateID: e.aggID, Reason: e.reason, Failure: e.failure,
+	return deadletter.ListOpts{Consumer: e.consumer, Topic: e.topic, Status: status,
+		AggregateType: e.aggType, AggregateID: e.aggID, Reason: reason, Failure: e.failure,
 		FailedAfter: after, FailedBefore: before, AfterID: e.after, Limit: e.limit}, nil
 }
 
@@ -38,21 +65,21 @@ func (e *env) operator() *operator.Store { return operator.New(&operator.Config{
 
 // letterRow is a letter as the list command writes it in JSON.
 type letterRow struct {
-	ID            int64     `json:"id"`
-	Consumer      string    `json:"consumer"`
-	Topic         string    `json:"topic"`
-	Partition     int32     `json:"partition"`
-	Offset        int64     `json:"offset"`
-	AggregateType string    `json:"aggregate_type,omitempty"`
-	AggregateID   string    `json:"aggregate_id,omitempty"`
-	Seq           int64     `json:"seq,omitempty"`
-	Reason        string    `json:"reason"`
-	Failure       string    `json:"failure"`
-	Error         string    `json:"error"`
-	Attempts      int       `json:"attempts"`
-	Status        string    `json:"status"`
-	FirstFailedAt time.Time `json:"first_failed_at"`
-	LastFailedAt  time.Time `json:"last_failed_at"`
+	ID            int64             `json:"id"`
+	Consumer      string            `json:"consumer"`
+	Topic         string            `json:"topic"`
+	Partition     int32             `json:"partition"`
+	Offset        int64             `json:"offset"`
+	AggregateType string            `json:"aggregate_type,omitempty"`
+	AggregateID   string            `json:"aggregate_id,omitempty"`
+	Seq           int64             `json:"seq,omitempty"`
+	Reason        deadletter.Reason `json:"reason"`
+	Failure       string            `json:"failure"`
+	Error         string            `json:"error"`
+	Attempts      int               `json:"attempts"`
+	Status        string            `json:"status"`
+	FirstFailedAt time.Time         `json:"first_failed_at"`
+	LastFailedAt  time.Time         `json:"last_failed_at"`
 }
 
 func rowOf(l *deadletter.Letter) letterRow {
@@ -90,7 +117,7 @@ func lettersList(ctx context.Context, e *env) error {
 		if l.Seq != 0 {
 			seq = strconv.FormatInt(l.Seq, 10)
 		}
-		rows = append(rows, []string{strconv.FormatInt(l.ID, 10), l.Consumer, agg, seq, l.Reason,
+		rows = append(rows, []string{strconv.FormatInt(l.ID, 10), l.Consumer, agg, seq, string(l.Reason),
 			strconv.Itoa(l.Attempts), ago(l.FirstFailedAt), errorTail(l.Error)})
 	}
 	return table(e.out, []string{"ID", "CONSUMER", "AGGREGATE", "SEQ", "REASON", "TRIES", "AGE", "ERROR"}, rows,
@@ -118,12 +145,12 @@ func errorTail(s string) string {
 
 // failureRow is a group of letters as list -group writes it in JSON.
 type failureRow struct {
-	Failure  string    `json:"failure"`
-	Reason   string    `json:"reason"`
-	Count    int64     `json:"count"`
-	Oldest   time.Time `json:"oldest"`
-	Newest   time.Time `json:"newest"`
-	SampleID int64     `json:"sample_id"`
+	Failure  string            `json:"failure"`
+	Reason   deadletter.Reason `json:"reason"`
+	Count    int64             `json:"count"`
+	Oldest   time.Time         `json:"oldest"`
+	Newest   time.Time         `json:"newest"`
+	SampleID int64             `json:"sample_id"`
 }
 
 // failures writes the consumer's open letters grouped by failure.
@@ -144,7 +171,7 @@ func failures(ctx context.Context, e *env) error {
 	}
 	rows := make([][]string, 0, len(fs))
 	for _, f := range fs {
-		rows = append(rows, []string{strconv.FormatInt(f.Count, 10), f.Reason, ago(f.Oldest), ago(f.Newest),
+		rows = append(rows, []string{strconv.FormatInt(f.Count, 10), string(f.Reason), ago(f.Oldest), ago(f.Newest),
 			strconv.FormatInt(f.SampleID, 10), f.Failure})
 	}
 	return table(e.out, []string{"COUNT", "REASON", "OLDEST", "NEWEST", "SAMPLE", "FAILURE"}, rows, []int{0, 0, 0, 0, 0, 0})
@@ -170,7 +197,7 @@ func (e *env) argLetter(ctx context.Context) (*deadletter.Letter, error) {
 		return nil, err
 	}
 	l, err := e.letters().Get(ctx, e.pool, id)
-	if errors.Is(err, deadletter.ErrNotFound) {
+	if errors.Is(err, outbox.ErrNotFound) {
 		return nil, withCode(exitNotFound, err)
 	}
 	return l, err
@@ -198,7 +225,7 @@ func letterShow(ctx context.Context, e *env) error {
 	if l.AggregateID != "" || l.Seq != 0 {
 		fmt.Fprintf(e.out, "aggregate  %s/%s seq %d\n", safe(l.AggregateType), safe(l.AggregateID), l.Seq)
 	}
-	fmt.Fprintf(e.out, "reason     %s\nfailure    %s\nattempts   %d, first %s, last %s\nerror      %s\n", safe(l.Reason), safe(l.Failure), l.Attempts,
+	fmt.Fprintf(e.out, "reason     %s\nfailure    %s\nattempts   %d, first %s, last %s\nerror      %s\n", safe(string(l.Reason)), safe(l.Failure), l.Attempts,
 		l.FirstFailedAt.UTC().Format(time.RFC3339), l.LastFailedAt.UTC().Format(time.RFC3339), safe(l.Error))
 	for _, f := range l.History {
 		fmt.Fprintf(e.out, "failed     %s after %d tries: %s\n", f.At.UTC().Format(time.RFC3339), f.Attempts, safe(f.Error))

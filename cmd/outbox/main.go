@@ -53,7 +53,8 @@ func main() {
 	os.Exit(exitCode(err))
 }
 
-const usage = `usage:
+// usage is the command line's help; its reasons are deadletter.Reasons.
+var usage = `usage:
   outbox migrate [-schema outbox] [-partition-by-day]
   outbox sql [-roles]
   outbox health [-o table|json]
@@ -70,7 +71,7 @@ const usage = `usage:
   outbox requests cancel [-by NAME] ID
   outbox dashboard [-listen 127.0.0.1:8080]
 FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failure F -since D -until D
-  (-since/-until: a duration ago, such as 2h, or an RFC 3339 time)
+  (-since/-until: a duration ago, such as 2h, or an RFC 3339 time; -reason: ` + reasonNames() + `)
 Every command takes -schema (default outbox) and -database (default $DATABASE_URL).
 Exit codes: 0 done, 1 could not run, 2 usage, 3 not found, 4 the action failed, 5 -wait ran out.`
 
@@ -115,7 +116,7 @@ func parse(cmd string, args []string) (*opts, error) {
 	fs.StringVar(&o.topic, "topic", "", "only letters of this topic")
 	fs.StringVar(&o.aggType, "aggregate-type", "", "only this aggregate type")
 	fs.StringVar(&o.aggID, "aggregate-id", "", "only this aggregate id")
-	fs.StringVar(&o.reason, "reason", "", "only letters with this reason: handler, panic, timeout, sequence, input, delivery_limit")
+	fs.StringVar(&o.reason, "reason", "", "only letters with this reason: "+reasonNames())
 	fs.StringVar(&o.failure, "failure", "", "only letters with this failure fingerprint")
 	fs.StringVar(&o.since, "since", "", "only letters that first failed since then")
 	fs.StringVar(&o.until, "until", "", "only letters that first failed before then")

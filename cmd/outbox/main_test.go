@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/operator"
 )
@@ -45,16 +46,22 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', 'x', '{}', 
 	require.NoError(t, run(ctx, []string{"dead", "replay", "-database", db.Server.URL, "-schema", db.Schema, "7"}, &replay))
 	require.Equal(t, "dead replay: done for dead event 7\n", replay.String())
 	err = run(ctx, []string{"dead", "discard", "-database", db.Server.URL, "-schema", db.Schema, "7"}, &bytes.Buffer{})
-	require.ErrorContains(t, err, "no dead event with that id")
+	require.ErrorContains(t, err, "producer: discard dead event 7: it is replayed")
+	require.ErrorIs(t, err, deadletter.ErrResolved)
+	require.Equal(t, exitFailed, exitCode(err), "a dead event replayed already is there: the discard failed")
+	err = run(ctx, []string{"dead", "replay", "-database", db.Server.URL, "-schema", db.Schema, "8"}, &bytes.Buffer{})
+	require.EqualError(t, err, "producer: replay dead event 8: outbox: not found")
 	require.Equal(t, exitNotFound, exitCode(err))
 	es, err := operator.New(&operator.Config{Schema: db.Schema}).Audit(ctx, db.Pool, nil)
 	require.NoError(t, err)
-	require.Len(t, es, 2)
-	require.Equal(t, operator.DiscardEvent, es[0].Action)
-	require.Equal(t, "failed", es[0].Outcome)
-	require.Equal(t, operator.ReplayEvent, es[1].Action)
-	require.Equal(t, "replayed", es[1].Outcome)
-	require.Equal(t, "dead event 7", es[1].Detail)
+	require.Len(t, es, 3)
+	require.Equal(t, operator.ReplayEvent, es[0].Action)
+	require.Equal(t, operator.OutcomeFailed, es[0].Outcome)
+	require.Equal(t, operator.DiscardEvent, es[1].Action)
+	require.Equal(t, operator.OutcomeFailed, es[1].Outcome)
+	require.Equal(t, operator.ReplayEvent, es[2].Action)
+	require.Equal(t, operator.OutcomeReplayed, es[2].Outcome)
+	require.Equal(t, "dead event 7", es[2].Detail)
 
 	out, err = exec("health")
 	require.NoError(t, err)
@@ -91,6 +98,13 @@ VALUES ('shipping', 'orders', 0, 9, '{}', '{}', 'downstream broken', 5, '\x00')`
 	require.ErrorContains(t, err, "want table or json")
 
 	require.ErrorContains(t, run(ctx, nil, &bytes.Buffer{}), "usage:")
+	require.ErrorContains(t, run(ctx, nil, &bytes.Buffer{}), "-reason: handler, panic, timeout, sequence, input, delivery_limit)")
+	err = run(ctx, []string{"letters", "list", "-database", db.Server.URL, "-schema", db.Schema, "-reason", "handlr"}, &bytes.Buffer{})
+	require.Equal(t, exitUsage, exitCode(err))
+	require.ErrorContains(t, err, `-reason "handlr": want one of handler, panic, timeout, sequence, input, delivery_limit`)
+	err = run(ctx, []string{"dead", "list", "-database", db.Server.URL, "-schema", db.Schema, "-status", "gone"}, &bytes.Buffer{})
+	require.Equal(t, exitUsage, exitCode(err))
+	require.ErrorContains(t, err, `-status "gone": want dead, replayed, discarded or all`)
 	require.ErrorContains(t, run(ctx, []string{"bogus", "-database", db.Server.URL}, &bytes.Buffer{}), `unknown command "bogus"`)
 	var sql bytes.Buffer
 	require.NoError(t, run(ctx, []string{"sql"}, &sql))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/producer"
 )
@@ -64,8 +65,12 @@ func health(ctx context.Context, e *env) error {
 }
 
 func deadList(ctx context.Context, e *env) error {
+	status, err := statusFlag(e.status)
+	if err != nil {
+		return err
+	}
 	list, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema}).List(ctx, e.pool,
-		&producer.ListOpts{Status: producer.Status(e.status), AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit, Brief: true})
+		&deadletter.ListOpts{Status: status, AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit, Brief: true})
 	if err != nil {
 		return err
 	}
@@ -75,7 +80,7 @@ func deadList(ctx context.Context, e *env) error {
 	rows := make([][]string, 0, len(list))
 	for _, d := range list {
 		rows = append(rows, []string{strconv.FormatInt(d.ID, 10), d.AggregateType + "/" + d.AggregateID, strconv.FormatInt(d.Seq, 10), d.EventType, string(d.Status),
-			strconv.Itoa(d.Attempts), ago(d.DiedAt), d.LastError})
+			strconv.Itoa(d.Attempts), ago(d.LastFailedAt), d.Error})
 	}
 	return table(e.out, []string{"ID", "AGGREGATE", "SEQ", "TYPE", "STATUS", "TRIES", "AGE", "LAST ERROR"}, rows,
 		[]int{0, 16, 0, 12, 0, 0, 0, 0})
@@ -87,21 +92,24 @@ func deadResolve(ctx context.Context, e *env) error {
 		return err
 	}
 	dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema})
-	entry := &operator.Entry{Actor: e.by, Action: operator.ReplayEvent, Outcome: "replayed", Detail: fmt.Sprintf("dead event %d", id)}
+	entry := &operator.Entry{Actor: e.by, Action: operator.ReplayEvent, Outcome: operator.OutcomeReplayed, Detail: fmt.Sprintf("dead event %d", id)}
 	if e.cmd == "dead replay" {
 		err = dead.Replay(ctx, e.pool, id)
 	} else {
-		entry.Action, entry.Outcome = operator.DiscardEvent, "discarded"
+		entry.Action, entry.Outcome = operator.DiscardEvent, operator.OutcomeDiscarded
 		err = dead.Discard(ctx, e.pool, id)
 	}
 	if err != nil {
-		entry.Outcome, entry.Detail = "failed", entry.Detail+": "+err.Error()
+		entry.Outcome, entry.Detail = operator.OutcomeFailed, entry.Detail+": "+err.Error()
 	}
 	if aerr := e.operator().Record(ctx, e.pool, entry); aerr != nil {
 		return errors.Join(err, aerr)
 	}
-	if errors.Is(err, producer.ErrNotDead) {
+	if errors.Is(err, outbox.ErrNotFound) {
 		return withCode(exitNotFound, err)
+	}
+	if errors.Is(err, deadletter.ErrResolved) {
+		return withCode(exitFailed, err)
 	}
 	if err != nil {
 		return err

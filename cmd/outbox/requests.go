@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/operator"
 )
 
@@ -59,7 +60,7 @@ func filterText(r *operator.Request) string {
 	l := r.Letters
 	var parts []string
 	for _, f := range []struct{ flag, v string }{{"topic", l.Topic}, {"aggregate-type", l.AggregateType}, {"aggregate-id", l.AggregateID},
-		{"reason", l.Reason}, {"failure", l.Failure}} {
+		{"reason", string(l.Reason)}, {"failure", l.Failure}} {
 		if f.v != "" {
 			parts = append(parts, fmt.Sprintf("-%s %q", f.flag, f.v))
 		}
@@ -85,7 +86,7 @@ func requestCancel(ctx context.Context, e *env) error {
 	}
 	r, err := e.operator().Cancel(operator.WithActor(ctx, e.by), e.pool, id)
 	switch {
-	case errors.Is(err, operator.ErrNotFound):
+	case errors.Is(err, outbox.ErrNotFound):
 		return withCode(exitNotFound, err)
 	case errors.Is(err, operator.ErrFinished):
 		return withCode(exitFailed, err)

@@ -35,7 +35,7 @@ func TestRequestsCancel(t *testing.T) {
 	es, err := ops.Audit(ctx, db.Pool, &operator.AuditOpts{RequestID: id})
 	require.NoError(t, err)
 	require.Equal(t, "alice", es[0].Actor)
-	require.Equal(t, "cancelled", es[0].Outcome)
+	require.Equal(t, operator.OutcomeCancelled, es[0].Outcome)
 
 	_, err = exec(strconv.FormatInt(id, 10))
 	require.Equal(t, exitFailed, exitCode(err), "cancelled already")
