@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -71,7 +72,11 @@ func TestLettersAndGaps(t *testing.T) {
 		if subcommands[args[0]] {
 			n = 2
 		}
-		full := append(append(append([]string{}, args[:n]...), "-database", db.Server.URL, "-schema", db.Schema, "-by", "alice"), args[n:]...)
+		full := append(append([]string{}, args[:n]...), "-database", db.Server.URL, "-schema", db.Schema)
+		if slices.Contains(flagsOf[strings.Join(args[:n], " ")], "by") {
+			full = append(full, "-by", "alice")
+		}
+		full = append(full, args[n:]...)
 		err := run(ctx, full, &out)
 		return out.String(), err
 	}

@@ -33,13 +33,11 @@ import (
 	"os/user"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
-	"github.com/d419a114/outbox/dedupe"
 )
 
 func main() {
@@ -75,103 +73,11 @@ FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failu
 Every command takes -schema (default outbox) and -database (default $DATABASE_URL).
 Exit codes: 0 done, 1 could not run, 2 usage, 3 not found, 4 the action failed, 5 -wait ran out.`
 
-var errUsage = errors.New(usage) //nolint:staticcheck // printed to the user as it is: sentences and lines
+var errUsage = errors.New(usage)
 
 // usageError is a wrong command line: what is wrong, then the usage.
 func usageError(format string, args ...any) error {
 	return fmt.Errorf("%s\n%w", fmt.Sprintf(format, args...), errUsage)
-}
-
-// opts are the command line's flags; each command reads those it needs.
-type opts struct {
-	database, schema, format string
-	partition, roles         bool
-	status                   string
-	consumer, topic, reason  string
-	aggType, aggID, failure  string
-	since, until             string
-	after                    int64
-	limit                    int
-	group, all, dryRun       bool
-	rate                     float64
-	wait                     time.Duration
-	by, listen               string
-	keyRetention             time.Duration
-	// args are the positional arguments, wherever they stood among the
-	// flags.
-	args []string
-}
-
-func parse(cmd string, args []string) (*opts, error) {
-	o := &opts{}
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.StringVar(&o.database, "database", os.Getenv("DATABASE_URL"), "PostgreSQL connection string")
-	fs.StringVar(&o.schema, "schema", outbox.DefaultSchema, "schema of the outbox tables")
-	fs.StringVar(&o.format, "o", "table", "output: table or json")
-	fs.BoolVar(&o.partition, "partition-by-day", false, "migrate: create the events table partitioned by day")
-	fs.BoolVar(&o.roles, "roles", false, "sql: print the least-privilege roles of -schema instead of the migrations")
-	fs.StringVar(&o.status, "status", "dead", "dead, replayed, discarded or all")
-	fs.StringVar(&o.consumer, "consumer", "", "the consumer")
-	fs.StringVar(&o.topic, "topic", "", "only letters of this topic")
-	fs.StringVar(&o.aggType, "aggregate-type", "", "only this aggregate type")
-	fs.StringVar(&o.aggID, "aggregate-id", "", "only this aggregate id")
-	fs.StringVar(&o.reason, "reason", "", "only letters with this reason: "+reasonNames())
-	fs.StringVar(&o.failure, "failure", "", "only letters with this failure fingerprint")
-	fs.StringVar(&o.since, "since", "", "only letters that first failed since then")
-	fs.StringVar(&o.until, "until", "", "only letters that first failed before then")
-	fs.Int64Var(&o.after, "after", 0, "page: only ids above this one")
-	fs.IntVar(&o.limit, "limit", 100, "at most this many rows")
-	fs.BoolVar(&o.group, "group", false, "letters list: group the open letters by failure fingerprint")
-	fs.BoolVar(&o.all, "all", false, "act on every open letter of the consumer")
-	fs.BoolVar(&o.dryRun, "dry-run", false, "count what the action would touch, do nothing")
-	fs.Float64Var(&o.rate, "rate", 0, "at most this many letters per second; 0 is no bound")
-	fs.DurationVar(&o.wait, "wait", 0, "wait this long for the consumer to finish the request")
-	fs.StringVar(&o.by, "by", whoami(), "who asks, for the audit log")
-	fs.DurationVar(&o.keyRetention, "key-retention", dedupe.DefaultRetention, "consumers: the consumers' Config.KeyRetention")
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "dashboard: address to serve on")
-	positional, err := parseInterspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil, err
-	}
-	if err != nil {
-		return nil, usageError("%s: %v", cmd, err)
-	}
-	if o.format != "table" && o.format != "json" {
-		return nil, usageError("%s: -o %q: want table or json", cmd, o.format)
-	}
-	if o.keyRetention <= 0 {
-		return nil, usageError("%s: -key-retention %s: want a positive duration", cmd, o.keyRetention)
-	}
-	if o.status == "all" {
-		o.status = ""
-	}
-	if o.by == "" {
-		return nil, usageError("%s: -by NAME: who acts, for the audit log ($USER is not set)", cmd)
-	}
-	o.args = positional
-	return o, nil
-}
-
-// parseInterspersed parses args with fs, flags before, between and after
-// the positional arguments (letters replay 42 -wait 30s), and returns the
-// positional ones; "--" ends the flags.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return positional, nil
-		}
-		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
-			return append(positional, rest...), nil
-		}
-		positional = append(positional, rest[0])
-		args = rest[1:]
-	}
 }
 
 // whoami is the default actor: $USER, else the account the process runs
@@ -211,7 +117,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	o, err := parse(cmd, args)
 	if errors.Is(err, flag.ErrHelp) {
-		_, err := fmt.Fprintln(out, usage)
+		_, err := fmt.Fprint(out, commandHelp(cmd))
 		return err
 	}
 	if err != nil {

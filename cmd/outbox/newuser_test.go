@@ -38,7 +38,19 @@ func TestNewUser(t *testing.T) {
 	}
 	out, err := exec("letters", "list", "-h")
 	require.NoError(t, err)
-	require.Contains(t, out, "usage:")
+	require.Contains(t, out, "usage:\n  outbox letters list")
+	require.Contains(t, out, "-reason", "a command's help lists its own flags")
+	require.NotContains(t, out, "-listen", "and no other command's")
+
+	t.Run("FlagOfAnotherCommand", func(t *testing.T) {
+		// A filter given to a command that does not filter would be
+		// silently ignored: it is refused, naming who takes it.
+		_, err := exec("letters", "show", id, "-reason", "handler")
+		require.Equal(t, exitUsage, exitCode(err))
+		require.ErrorContains(t, err, "letters show does not take -reason; letters discard, letters list, letters replay do")
+		_, err = exec("health", "-listen", ":1")
+		require.Equal(t, exitUsage, exitCode(err))
+	})
 
 	t.Run("FlagsAfterTheID", func(t *testing.T) {
 		out, err := exec("letters", "show", id, "-o", "json")
