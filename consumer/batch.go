@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/d419a114/outbox/internal/pgpipeline"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -120,7 +121,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) batchOutc
 		return offPath
 	}
 	var freshKeys []string
-	tx, release, err := beginWith(ctx, p.db, p.sql.ClaimMany, []any{p.name, keys}, &freshKeys)
+	tx, release, err := pgpipeline.Begin(ctx, p.db, p.sql.ClaimMany, []any{p.name, keys}, &freshKeys)
 	if err != nil {
 		return notDoneBatch(infra(fmt.Errorf("consumer: begin and claim keys: %w", err)))
 	}
@@ -216,7 +217,7 @@ func planBatch(msgs []*Message, freshKeys []string, ordered func(*Message) bool)
 // when one did not move as planned (a gap, a duplicate sequence, an
 // aggregate not seen before under FirstSeenStrict) or has parked records
 // to drain.
-func (p *Processor) advanceBatch(ctx context.Context, tx *pipelinedTx, moves []aggregateMove) (bool, error) {
+func (p *Processor) advanceBatch(ctx context.Context, tx *pgpipeline.Tx, moves []aggregateMove) (bool, error) {
 	if len(moves) == 0 {
 		return true, nil
 	}
@@ -235,7 +236,7 @@ func (p *Processor) advanceBatch(ctx context.Context, tx *pipelinedTx, moves []a
 }
 
 // handlerFailed says what a handler's error m, err in the batch means.
-func (p *Processor) handlerFailed(ctx context.Context, tx *pipelinedTx, m *Message, err error) batchOutcome {
+func (p *Processor) handlerFailed(ctx context.Context, tx *pgpipeline.Tx, m *Message, err error) batchOutcome {
 	if ctx.Err() != nil {
 		return notDoneBatch(ctx.Err())
 	}

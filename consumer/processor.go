@@ -21,6 +21,7 @@ import (
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/dedupe"
 	"github.com/d419a114/outbox/internal/backoff"
+	"github.com/d419a114/outbox/internal/pgpipeline"
 	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
@@ -128,7 +129,7 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 		ops:  operator.New(&operator.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim and the move in one statement, sent in one round trip
-		// with BEGIN (see pipelinedTx): at one record per transaction a
+		// with BEGIN (see pgpipeline.Begin): at one record per transaction a
 		// round trip costs about as much as the record's own work.
 		sql: tables.For(c.Schema).HotPath,
 	}, nil
@@ -258,7 +259,7 @@ func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, 
 	// BEGIN travels with the claim: one round trip fewer per record.
 	sql, args := p.firstStatement(m)
 	var pre claimed
-	tx, release, err := beginWith(ctx, p.db, sql, args, &pre.fresh, &pre.parked)
+	tx, release, err := pgpipeline.Begin(ctx, p.db, sql, args, &pre.fresh, &pre.parked)
 	if err != nil {
 		return Result{}, false, infra(fmt.Errorf("consumer: begin and claim key: %w", err))
 	}
@@ -505,10 +506,10 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, att
 
 // track records tx as open until the returned function runs, in the
 // Processor's set and in the set ctx carries (see withOpenSet), if any,
-// by the server pid of its transaction (serverPID), which behind a pooler
+// by the server pid of its transaction (pgpipeline.ServerPID), which behind a pooler
 // is not the connection's start-up pid; 0 when it could not be read.
 func (p *Processor) track(ctx context.Context, tx pgx.Tx) func() {
-	pid := serverPID(ctx, tx)
+	pid := pgpipeline.ServerPID(ctx, tx)
 	done := p.open.add(pid)
 	s, _ := ctx.Value(openKey{}).(*openSet)
 	if s == nil {
