@@ -127,7 +127,7 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) batchOutc
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	defer p.track(ctx, tx)()
+	defer track(ctx, tx)()
 
 	res, moves, ok := planBatch(msgs, freshKeys, p.ordered)
 	if !ok {

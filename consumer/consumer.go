@@ -93,8 +93,12 @@ func ClientOpts() []kgo.Opt {
 type Consumer struct {
 	proc   *Processor
 	client *kgo.Client
-	cfg    Config
-	log    *slog.Logger
+	// db, name, cfg and log are the Processor's, for the runner's own
+	// work: heartbeats, and ending the sessions of abandoned transactions.
+	db   DB
+	name string
+	cfg  Config
+	log  *slog.Logger
 	// share says the client is in a share group (see shareLoop); paused
 	// makes its fetching stop once.
 	share  bool
@@ -111,6 +115,10 @@ type Consumer struct {
 	// commitMu makes commits one at a time, so that a periodic commit
 	// cannot land after the commit of a revocation.
 	commitMu sync.Mutex
+	// open holds the sessions of the transactions open in the work Run
+	// started (lanes, share rounds, the drainer, operator requests), for
+	// Run to end when it abandons them; each lane's set is part of it.
+	open openSet
 }
 
 // partition names a topic's partition.
@@ -141,7 +149,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 		if err != nil {
 			return nil, err
 		}
-		return &Consumer{proc: p, client: client, cfg: p.cfg, log: p.log, share: true}, nil
+		return &Consumer{proc: p, client: client, db: db, name: name, cfg: p.cfg, log: p.log, share: true}, nil
 	}
 	if g, _ := client.OptValue(kgo.ConsumerGroup).(string); g == "" {
 		return nil, errors.New("consumer: client has no consumer group; create it with kgo.ConsumerGroup(name) (or kgo.ShareGroup(name), with Config.Unordered) and kgo.ConsumeTopics(...)")
@@ -159,7 +167,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{proc: p, client: client, cfg: p.cfg, log: p.log, lanes: map[partition]*lane{}}, nil
+	return &Consumer{proc: p, client: client, db: db, name: name, cfg: p.cfg, log: p.log, lanes: map[partition]*lane{}}, nil
 }
 
 // Processor returns the consumer's Processor, for Replay, Discard and
@@ -203,7 +211,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { c.memberLoop(bg) })
 	if c.cfg.RequestPoll >= 0 {
-		wg.Go(func() { _ = c.proc.ServeRequests(bg) })
+		wg.Go(func() { _ = c.proc.ServeRequests(withOpenSet(bg, &c.open)) })
 	}
 	if c.share {
 		return c.shareLoop(ctx)
@@ -216,7 +224,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
-		c.drainLoop(drainCtx)
+		c.drainLoop(withOpenSet(drainCtx, &c.open))
 	}()
 	defer c.stopDrainer(ctx, stopDrain, drained)
 
@@ -308,7 +316,7 @@ func (c *Consumer) stopDrainer(ctx context.Context, stop context.CancelFunc, dra
 		return
 	case <-t.C:
 	}
-	if err := c.proc.terminate(context.WithoutCancel(ctx), c.proc.open.pids()); err != nil {
+	if err := endSessions(context.WithoutCancel(ctx), c.db, c.log, c.open.pids()); err != nil {
 		c.log.ErrorContext(ctx, "consumer: could not end the sessions of the drainer's transactions; they end when its handler returns",
 			slog.String("error", err.Error()))
 	}

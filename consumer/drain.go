@@ -64,7 +64,7 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
 				break
 			}
-			if err := sleep(ctx, p.backoff(attempt)); err != nil {
+			if err := sleep(ctx, p.cfg.backoff(attempt)); err != nil {
 				return err
 			}
 			herr = nil
@@ -106,7 +106,7 @@ func (p *Processor) drainRest(ctx context.Context, agg ordering.Aggregate) (int,
 func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int, error) {
 	n := 0
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		defer p.track(ctx, tx)()
+		defer track(ctx, tx)()
 		ok, err := p.ordering.Lock(ctx, tx, agg)
 		if err != nil || !ok {
 			return err
@@ -163,6 +163,10 @@ func (p *Processor) readyToDrain() {
 	}
 }
 
+// leftInLine receives when an operator action left parked records in line
+// (readyToDrain): Consumer.Run's drainer waits on it.
+func (p *Processor) leftInLine() <-chan struct{} { return p.ready }
+
 // drainLoop runs DrainReady at start, when an operator action asks for it,
 // and every drainSweep, until ctx ends.
 func (c *Consumer) drainLoop(ctx context.Context) {
@@ -181,7 +185,7 @@ func (c *Consumer) drainLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-c.proc.ready:
+		case <-c.proc.leftInLine():
 		}
 	}
 }

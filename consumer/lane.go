@@ -23,7 +23,8 @@ type lane struct {
 	halted     context.CancelFunc
 	work       context.Context
 	cancelWork context.CancelFunc
-	// open holds the sessions of the lane's open transactions.
+	// open holds the sessions of the lane's open transactions; it is part
+	// of the Consumer's.
 	open openSet
 	// wg counts the lane's workers.
 	wg sync.WaitGroup
@@ -45,6 +46,7 @@ func newLane(c *Consumer, tp partition) *lane {
 		key = nil
 	}
 	l := &lane{c: c, tp: tp, q: queue.New(key), commitAt: -1}
+	l.open.parent = &c.open
 	l.stop, l.halted = context.WithCancel(context.Background())
 	work, cancel := context.WithCancel(context.Background())
 	l.work, l.cancelWork = withOpenSet(work, &l.open), cancel
@@ -209,7 +211,7 @@ func (c *Consumer) retry(stop, work context.Context, rec *kgo.Record, err error)
 	for attempt := 1; ; attempt++ {
 		c.log.WarnContext(work, "consumer: record not done, retrying", slog.String("topic", rec.Topic),
 			slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset), slog.String("error", err.Error()))
-		if sleep(stop, c.proc.backoff(attempt)) != nil {
+		if sleep(stop, c.cfg.backoff(attempt)) != nil {
 			return 0
 		}
 		if _, err = c.proc.Process(work, rec); err == nil {

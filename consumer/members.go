@@ -93,17 +93,17 @@ func (c *Consumer) memberLoop(ctx context.Context) {
 		c.mu.Lock()
 		parts := len(c.lanes)
 		c.mu.Unlock()
-		applied := c.proc.applied.Load()
+		applied := c.proc.appliedCount()
 		b := &pgx.Batch{}
-		b.Queue(sql.Beat, c.proc.name, id, group, host, os.Getpid(), parts, applied)
+		b.Queue(sql.Beat, c.name, id, group, host, os.Getpid(), parts, applied)
 		if d := applied - reported; d > 0 {
-			b.Queue(sql.AddActivity, "applied", c.proc.name, time.Now(), d)
+			b.Queue(sql.AddActivity, "applied", c.name, time.Now(), d)
 		}
 		if time.Since(pruned) > time.Hour {
 			b.Queue(sql.PruneGone)
 			b.Queue(sql.PruneActivity)
 		}
-		if err := sendBatch(ctx, c.proc.db, b); err != nil {
+		if err := sendBatch(ctx, c.db, b); err != nil {
 			if ctx.Err() == nil {
 				c.log.WarnContext(ctx, "consumer: could not record this member's heartbeat; the dashboard may show it gone",
 					slog.String("member_id", id), slog.String("error", err.Error()))
@@ -121,7 +121,7 @@ func (c *Consumer) memberLoop(ctx context.Context) {
 	end, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	beat(end)
-	if _, err := c.proc.db.Exec(end, sql.Leave, c.proc.name, id); err != nil {
+	if _, err := c.db.Exec(end, sql.Leave, c.name, id); err != nil {
 		c.log.WarnContext(end, "consumer: could not remove this member's row; it shows gone after "+MemberGone.String(),
 			slog.String("member_id", id), slog.String("error", err.Error()))
 	}

@@ -73,11 +73,7 @@ type Processor struct {
 	dead     *deadletter.Store
 	ops      *operator.Store
 	log      *slog.Logger
-	// open holds the sessions of the transactions that attemptOnce,
-	// batchOnce and drainOnce have open, for Run to end when it abandons
-	// them.
-	open openSet
-	// ready wakes Consumer.Run's drainer; see readyToDrain.
+	// ready wakes Consumer.Run's drainer; see readyToDrain and leftInLine.
 	ready chan struct{}
 	// sql holds the hot path's statements; see tables.HotPath.
 	sql tables.HotPath
@@ -138,6 +134,10 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 // Name returns the consumer name.
 func (p *Processor) Name() string { return p.name }
 
+// appliedCount returns how many records Process and ProcessBatch applied,
+// drained ones included: the Consumer's heartbeat reports it.
+func (p *Processor) appliedCount() int64 { return p.applied.Load() }
+
 // Process applies rec in its own transaction and returns what happened. A
 // nil error means the record is done with (applied, duplicate, parked or
 // dead-lettered) and its offset may be committed. A non-nil error means it
@@ -161,7 +161,8 @@ func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result,
 }
 
 // deadLetterRecord writes rec to the dead-letter table for cause, without
-// running its handler.
+// running its handler: the share group runner's seam for a record it
+// cannot finish on its last delivery.
 func (p *Processor) deadLetterRecord(ctx context.Context, rec *kgo.Record, cause error) (Result, error) {
 	m, _ := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 	return p.deadLetter(ctx, m, cause, 0)
@@ -213,7 +214,7 @@ func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (
 			p.log.WarnContext(ctx, "consumer: record failed, will retry",
 				slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
 				slog.Int("attempt", attempt), slog.Bool("transient", tries == transient), slog.String("error", err.Error()))
-			if sleep(ctx, p.backoff(tries)) != nil {
+			if sleep(ctx, p.cfg.backoff(tries)) != nil {
 				return Result{}, notDone(ctx, m, "not retried")
 			}
 		}
@@ -265,7 +266,7 @@ func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, 
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	defer p.track(ctx, tx)()
+	defer track(ctx, tx)()
 	res, ran, err := p.apply(ctx, tx, m, true, &pre)
 	if err != nil {
 		return Result{}, ran, connectionLost(tx, err)
@@ -504,32 +505,32 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, att
 	return Result{Outcome: DeadLettered, DeadLetterID: id, Attempts: attempts, Err: cause}, nil
 }
 
-// track records tx as open until the returned function runs, in the
-// Processor's set and in the set ctx carries (see withOpenSet), if any,
-// by the server pid of its transaction (pgpipeline.ServerPID), which behind a pooler
-// is not the connection's start-up pid; 0 when it could not be read.
-func (p *Processor) track(ctx context.Context, tx pgx.Tx) func() {
+// track records tx as open until the returned function runs, in the set
+// ctx carries (see withOpenSet), if any, and in the sets that set is part
+// of, by the server pid of its transaction (pgpipeline.ServerPID), which
+// behind a pooler is not the connection's start-up pid; 0 when it could
+// not be read.
+func track(ctx context.Context, tx pgx.Tx) func() {
 	pid := pgpipeline.ServerPID(ctx, tx)
-	done := p.open.add(pid)
 	s, _ := ctx.Value(openKey{}).(*openSet)
 	if s == nil {
-		return done
+		return func() {}
 	}
-	doneToo := s.add(pid)
-	return func() {
-		doneToo()
-		done()
-	}
+	return s.add(pid)
 }
 
 // openSet counts the open transactions of each database session (backend
-// pid), for Run to end the sessions of the ones it abandons.
+// pid), for Run to end the sessions of the ones it abandons. A set may be
+// part of a larger one (parent), which counts its transactions too: a
+// lane's set is part of its Consumer's.
 type openSet struct {
-	mu sync.Mutex
-	m  map[uint32]int
+	parent *openSet
+	mu     sync.Mutex
+	m      map[uint32]int
 }
 
-// add counts a transaction open on pid until the returned function runs.
+// add counts a transaction open on pid, in s and the sets it is part of,
+// until the returned function runs.
 func (s *openSet) add(pid uint32) func() {
 	s.mu.Lock()
 	if s.m == nil {
@@ -537,12 +538,17 @@ func (s *openSet) add(pid uint32) func() {
 	}
 	s.m[pid]++
 	s.mu.Unlock()
+	parentDone := func() {}
+	if s.parent != nil {
+		parentDone = s.parent.add(pid)
+	}
 	return func() {
 		s.mu.Lock()
 		if s.m[pid]--; s.m[pid] <= 0 {
 			delete(s.m, pid)
 		}
 		s.mu.Unlock()
+		parentDone()
 	}
 }
 
@@ -556,12 +562,16 @@ func (s *openSet) pids() []uint32 {
 type openKey struct{}
 
 // withOpenSet returns ctx carrying s: the transactions begun under it are
-// counted in s too, so that a partition's lane can end just its own.
+// counted in s, so that a partition's lane can end just its own. When ctx
+// carries a set already, s becomes part of it.
 func withOpenSet(ctx context.Context, s *openSet) context.Context {
+	if outer, _ := ctx.Value(openKey{}).(*openSet); outer != nil {
+		s.parent = outer
+	}
 	return context.WithValue(ctx, openKey{}, s)
 }
 
-// terminate ends the database sessions pids, which rolls back their
+// endSessions ends the database sessions pids, which rolls back their
 // transactions on the server. The pids are the server's (see track), so
 // this works through a pooler too: PgBouncer then drops the client
 // connection whose server session ended. A pid is still its transaction's
@@ -570,7 +580,7 @@ func withOpenSet(ctx context.Context, s *openSet) context.Context {
 // to another client. A pid of 0 (unknown) cannot be ended: that is said at
 // WARN, since only the server's idle_in_transaction_session_timeout (or
 // the pooler's idle_transaction_timeout) then bounds the transaction.
-func (p *Processor) terminate(ctx context.Context, pids []uint32) error {
+func endSessions(ctx context.Context, db DB, log *slog.Logger, pids []uint32) error {
 	if len(pids) == 0 {
 		return nil
 	}
@@ -583,18 +593,21 @@ func (p *Processor) terminate(ctx context.Context, pids []uint32) error {
 		}
 	}
 	if len(ids) < len(pids) {
-		p.log.WarnContext(ctx, "consumer: cannot end the sessions of abandoned transactions whose server pid could not be read; "+
+		log.WarnContext(ctx, "consumer: cannot end the sessions of abandoned transactions whose server pid could not be read; "+
 			"the server's idle_in_transaction_session_timeout (or the pooler's idle_transaction_timeout) must bound them")
 	}
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := p.db.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, ids)
+	_, err := db.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, ids)
 	return err
 }
 
-func (p *Processor) backoff(attempt int) time.Duration {
-	return backoff.Policy{Min: p.cfg.MinBackoff, Max: p.cfg.MaxBackoff}.Delay(attempt)
+// backoff is the wait before retry number attempt (1 for the first) of a
+// record, within Config.MinBackoff and Config.MaxBackoff: the Processor's
+// retries and the Consumer's of a record that is not done wait alike.
+func (c *Config) backoff(attempt int) time.Duration {
+	return backoff.Policy{Min: c.MinBackoff, Max: c.MaxBackoff}.Delay(attempt)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

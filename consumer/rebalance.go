@@ -151,7 +151,7 @@ func (c *Consumer) retire(ctx context.Context, lanes []*lane, lost bool) {
 			}
 			c.log.ErrorContext(ctx, "consumer: handlers did not return after ShutdownGrace and the cancel of their contexts; rolling back their transactions and going on without them",
 				slog.Duration("shutdown_grace", grace), slog.Int("transactions", len(pids)))
-			if err := c.proc.terminate(context.WithoutCancel(ctx), pids); err != nil {
+			if err := endSessions(context.WithoutCancel(ctx), c.db, c.log, pids); err != nil {
 				c.log.ErrorContext(ctx, "consumer: could not end the sessions of abandoned transactions; they end when their handlers return",
 					slog.String("error", err.Error()))
 			}
