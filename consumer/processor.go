@@ -155,9 +155,9 @@ func (p *Processor) Process(ctx context.Context, rec *kgo.Record) (Result, error
 func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result, error) {
 	m, err := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 	if err != nil {
-		return p.deadLetter(ctx, m, err, 0)
+		return p.newRun(m).deadLetter(ctx, err)
 	}
-	return p.process(ctx, m)
+	return p.newRun(m).process(ctx, nil)
 }
 
 // deadLetterRecord writes rec to the dead-letter table for cause, without
@@ -165,25 +165,46 @@ func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result,
 // cannot finish on its last delivery.
 func (p *Processor) deadLetterRecord(ctx context.Context, rec *kgo.Record, cause error) (Result, error) {
 	m, _ := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
-	return p.deadLetter(ctx, m, cause, 0)
+	return p.newRun(m).deadLetter(ctx, cause)
 }
 
-func (p *Processor) process(ctx context.Context, m *Message) (Result, error) {
-	return p.processAfter(ctx, m, nil)
+// recordRun is one record's way through the state machine, from Process
+// (or a batch gone one record at a time) to its handler: the message, the
+// counts of its tries, and the transaction of the try in progress. Each
+// step is a method of it instead of a function passing the same values
+// along. Only the goroutine applying the record touches it.
+type recordRun struct {
+	p *Processor
+	m *Message
+	// handlerRuns counts the handler's runs. attempt counts the tries that
+	// failed for the record's sake, toward MaxAttempts; transient counts
+	// those that failed for the database's, which never dead-letter: after
+	// MaxAttempts of them in a row the record is handed back undone.
+	handlerRuns, attempt, transient int
+	// tx is the transaction of the try in progress; pre is what its first
+	// statement, sent with BEGIN, said, or nil when apply is to claim the
+	// key in tx.
+	tx  pgx.Tx
+	pre *claimed
 }
+
+// newRun starts m's way through the state machine.
+func (p *Processor) newRun(m *Message) *recordRun { return &recordRun{p: p, m: m} }
 
 // processAfter is process for a record whose handler already ran once and
 // failed with prior (in a batch that was rolled back), so that batch mode
-// tries each record as often as single mode does; prior nil means a fresh
-// record.
+// tries each record as often as single mode does.
 func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (Result, error) {
-	// attempt counts the tries that failed for the record's sake, toward
-	// MaxAttempts; transient counts those that failed for the database's,
-	// which never dead-letter: after MaxAttempts of them in a row the
-	// record is handed back undone.
-	handlerRuns, attempt, transient, err := 0, 0, 0, prior
+	return p.newRun(m).process(ctx, prior)
+}
+
+// process applies the record, with retries, and dead-letters it when they
+// run out; see Process. prior, when not nil, is the error of the handler's
+// run in a batch that was rolled back (see processAfter).
+func (r *recordRun) process(ctx context.Context, prior error) (Result, error) {
+	p, m, err := r.p, r.m, prior
 	if prior != nil {
-		handlerRuns, attempt = 1, 1
+		r.handlerRuns, r.attempt = 1, 1
 	}
 	class := classRecord
 	for {
@@ -195,43 +216,37 @@ func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (
 			if errors.As(err, &gap) {
 				return Result{}, err
 			}
-			tries := attempt
+			tries := r.attempt
 			class = p.judge(ctx, classify(err), err, m)
 			switch class {
 			case classTransient:
-				if transient++; transient >= p.cfg.MaxAttempts {
+				if r.transient++; r.transient >= p.cfg.MaxAttempts {
 					return Result{}, err
 				}
-				tries = transient
+				tries = r.transient
 			case classData:
-				return p.deadLetter(ctx, m, err, handlerRuns)
+				return r.deadLetter(ctx, err)
 			default:
-				if attempt >= p.cfg.MaxAttempts || IsPermanent(err) {
-					return p.deadLetter(ctx, m, err, handlerRuns)
+				if r.attempt >= p.cfg.MaxAttempts || IsPermanent(err) {
+					return r.deadLetter(ctx, err)
 				}
-				transient = 0
+				r.transient = 0
 			}
 			p.log.WarnContext(ctx, "consumer: record failed, will retry",
 				slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
-				slog.Int("attempt", attempt), slog.Bool("transient", tries == transient), slog.String("error", err.Error()))
+				slog.Int("attempt", r.attempt), slog.Bool("transient", tries == r.transient), slog.String("error", err.Error()))
 			if sleep(ctx, p.cfg.backoff(tries)) != nil {
 				return Result{}, notDone(ctx, m, "not retried")
 			}
 		}
 		if class != classTransient {
-			attempt++
+			r.attempt++
 		}
-		m.Attempt = attempt + transient
-		var (
-			res Result
-			ran bool
-		)
-		res, ran, err = p.attemptOnce(ctx, m)
-		if ran {
-			handlerRuns++
-		}
+		m.Attempt = r.attempt + r.transient
+		var res Result
+		res, err = r.try(ctx)
 		if err == nil {
-			res.Attempts = handlerRuns
+			res.Attempts = r.handlerRuns
 			if res.Drained == drainChunk {
 				n, err := p.drainRest(ctx, m.aggregate())
 				res.Drained += n
@@ -255,29 +270,32 @@ func notDone(ctx context.Context, m *Message, what string) error {
 	return fmt.Errorf("consumer: record %s/%d@%d: %s %s: %w", m.Topic, m.Partition, m.Offset, what, when, ctx.Err())
 }
 
-// attemptOnce runs one transaction for m. ran says whether the handler ran.
-func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, error) {
+// try runs one transaction for the record: BEGIN with the claim, apply,
+// commit.
+func (r *recordRun) try(ctx context.Context) (Result, error) {
 	// BEGIN travels with the claim: one round trip fewer per record.
-	sql, args := p.firstStatement(m)
+	sql, args := r.firstStatement()
 	var pre claimed
-	tx, release, err := pgpipeline.Begin(ctx, p.db, sql, args, &pre.fresh, &pre.parked)
+	tx, release, err := pgpipeline.Begin(ctx, r.p.db, sql, args, &pre.fresh, &pre.parked)
 	if err != nil {
-		return Result{}, false, infra(fmt.Errorf("consumer: begin and claim key: %w", err))
+		return Result{}, infra(fmt.Errorf("consumer: begin and claim key: %w", err))
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	defer track(ctx, tx)()
-	res, ran, err := p.apply(ctx, tx, m, true, &pre)
+	r.tx, r.pre = tx, &pre
+	defer func() { r.tx, r.pre = nil, nil }()
+	res, err := r.apply(ctx)
 	if err != nil {
-		return Result{}, ran, connectionLost(tx, err)
+		return Result{}, connectionLost(tx, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// A commit can fail because of the handler's deferred constraints
 		// or because the connection broke; either way the record is tried
 		// again and dedupe sorts out a commit that did land.
-		return Result{}, ran, connectionLost(tx, fmt.Errorf("consumer: commit: %w", err))
+		return Result{}, connectionLost(tx, fmt.Errorf("consumer: commit: %w", err))
 	}
-	return res, ran, nil
+	return res, nil
 }
 
 // connectionLost turns an error that came with the loss of tx's connection
@@ -308,52 +326,54 @@ type claimed struct {
 // Processor is not Config.Unordered.
 func (p *Processor) ordered(m *Message) bool { return m.HasSeq() && !p.cfg.Unordered }
 
-func (p *Processor) firstStatement(m *Message) (string, []any) {
+// firstStatement is the record's claim of its key, and the move of its
+// aggregate's position when it is ordered: one statement.
+func (r *recordRun) firstStatement() (string, []any) {
+	p, m := r.p, r.m
 	if p.ordered(m) {
 		return p.sql.ClaimAdvance, []any{p.name, m.AggregateType, m.AggregateID, m.Seq, m.IdempotencyKey}
 	}
 	return p.sql.ClaimOnly, []any{p.name, m.IdempotencyKey}
 }
 
-// apply does the work of one record inside tx: claim, order, handle,
-// drain. It does not commit.
-func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool, pre *claimed) (Result, bool, error) {
+// apply does the work of the record inside r.tx: claim (unless r.pre says
+// the first statement did), order, handle, drain. It does not commit.
+func (r *recordRun) apply(ctx context.Context) (Result, error) {
+	p, m, tx := r.p, r.m, r.tx
 	var (
 		c     ordering.Check
 		known bool
 	)
-	if claim && pre == nil {
-		sql, args := p.firstStatement(m)
+	if r.pre == nil {
+		sql, args := r.firstStatement()
 		var c claimed
 		if err := tx.QueryRow(ctx, sql, args...).Scan(&c.fresh, &c.parked); err != nil {
-			return Result{}, false, infra(fmt.Errorf("consumer: claim key: %w", err))
+			return Result{}, infra(fmt.Errorf("consumer: claim key: %w", err))
 		}
-		pre = &c
+		r.pre = &c
 	}
-	if pre != nil {
-		if !pre.fresh {
-			p.noteDuplicate(ctx, m)
-			return Result{Outcome: Duplicate}, false, nil
-		}
-		if pre.parked != nil {
-			c, known = ordering.Check{Verdict: ordering.InOrder, Last: m.Seq - 1, Parked: *pre.parked}, true
-		}
+	if !r.pre.fresh {
+		p.noteDuplicate(ctx, m)
+		return Result{Outcome: Duplicate}, nil
+	}
+	if r.pre.parked != nil {
+		c, known = ordering.Check{Verdict: ordering.InOrder, Last: m.Seq - 1, Parked: *r.pre.parked}, true
 	}
 	if !p.ordered(m) {
-		return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
+		return Result{Outcome: Applied}, r.handle(ctx)
 	}
 	agg := m.aggregate()
 	if !known {
 		var err error
 		if c, err = p.ordering.Check(ctx, tx, agg, m.Seq); err != nil {
-			return Result{}, false, infra(err)
+			return Result{}, infra(err)
 		}
 	}
 	switch c.Verdict {
 	case ordering.Duplicate:
 		if p.cfg.GapPolicy == ordering.GapIgnore {
 			// Ignore: a late record is applied; dedupe vouched for it.
-			return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
+			return Result{Outcome: Applied}, r.handle(ctx)
 		}
 		reused := &SequenceReusedError{Aggregate: agg, Seq: m.Seq, Position: c.Last}
 		if p.cfg.FirstSeen == ordering.FirstSeenBaseline && !m.Replayed {
@@ -361,51 +381,57 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool
 			// which a late record below it may be; say so, and skip it.
 			p.log.InfoContext(ctx, "consumer: record below its aggregate's position skipped under FirstSeenBaseline",
 				slog.String("reason", reused.Error()))
-			return Result{Outcome: Duplicate}, false, nil
+			return Result{Outcome: Duplicate}, nil
 		}
 		// The key was fresh, so this is not a redelivery of the event
 		// that took this sequence: a different event reuses it.
-		return Result{}, false, Permanent(reused)
+		return Result{}, Permanent(reused)
 	case ordering.Gap:
 		if c.Held || p.cfg.GapPolicy == ordering.GapPark {
 			ok, err := p.ordering.Park(ctx, tx, agg, m.Seq, m.Record, m.IdempotencyKey)
 			if err != nil {
-				return Result{}, false, infra(err)
+				return Result{}, infra(err)
 			}
 			if !ok {
 				// The key was fresh, so the record parked at this
 				// sequence is another event.
-				return Result{}, false, Permanent(&SequenceReusedError{Aggregate: agg, Seq: m.Seq, Position: c.Last, Parked: true})
+				return Result{}, Permanent(&SequenceReusedError{Aggregate: agg, Seq: m.Seq, Position: c.Last, Parked: true})
 			}
 			p.log.InfoContext(ctx, "consumer: record parked behind a gap", slog.String("aggregate", agg.String()),
 				slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1), slog.Bool("held_by_dead_letter", c.Held))
-			return Result{Outcome: Parked}, false, nil
+			return Result{Outcome: Parked}, nil
 		}
 		if p.cfg.GapPolicy == ordering.GapFail {
-			return Result{}, false, &ordering.GapError{Aggregate: agg, Want: c.Last + 1, Got: m.Seq}
+			return Result{}, &ordering.GapError{Aggregate: agg, Want: c.Last + 1, Got: m.Seq}
 		}
 		p.log.WarnContext(ctx, "consumer: gap ignored", slog.String("aggregate", agg.String()),
 			slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1))
-		if err := p.call(ctx, tx, m); err != nil {
-			return Result{}, true, err
+		if err := r.handle(ctx); err != nil {
+			return Result{}, err
 		}
 		if _, _, err := p.ordering.SkipTo(ctx, tx, agg, m.Seq); err != nil {
-			return Result{}, true, infra(err)
+			return Result{}, infra(err)
 		}
-		return Result{Outcome: Applied}, true, nil
+		return Result{Outcome: Applied}, nil
 	}
-	if err := p.call(ctx, tx, m); err != nil {
-		return Result{}, true, err
+	if err := r.handle(ctx); err != nil {
+		return Result{}, err
 	}
 	res := Result{Outcome: Applied}
 	if c.Parked > 0 {
 		n, err := p.drain(ctx, tx, agg)
 		if err != nil {
-			return Result{}, true, err
+			return Result{}, err
 		}
 		res.Drained = n
 	}
-	return res, true, nil
+	return res, nil
+}
+
+// handle runs the handler for the record in r.tx, and counts the run.
+func (r *recordRun) handle(ctx context.Context) error {
+	r.handlerRuns++
+	return r.p.call(ctx, r.tx, r.m)
 }
 
 // call runs the handler with Config.HandlerTimeout, turning a panic into a
@@ -458,13 +484,15 @@ func (p *Processor) letter(m *Message, err error, attempts int) *deadletter.Lett
 	return l
 }
 
-// deadLetter writes m to the dead-letter table in its own transaction and,
-// when m is sequenced, holds its aggregate so that later records park
+// deadLetter writes the record to the dead-letter table for cause, in a
+// transaction of its own, with the handler's runs as its attempts, and,
+// when it is sequenced, holds its aggregate so that later records park
 // behind it. A record that is already dealt with is a Duplicate instead:
 // its key is claimed (it was applied, or its letter discarded or replayed),
 // or its letter was resolved. So a malformed record that comes back does
 // not raise its letter from the dead.
-func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, attempts int) (Result, error) {
+func (r *recordRun) deadLetter(ctx context.Context, cause error) (Result, error) {
+	p, m, attempts := r.p, r.m, r.handlerRuns
 	var (
 		id  int64
 		dup bool
