@@ -7,13 +7,9 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -300,28 +296,6 @@ func (c *Consumer) poll(ctx context.Context) error {
 	}
 }
 
-// abandonAfter is how long the Consumer waits, once the handlers of
-// records it stopped have had their contexts cancelled, for a handler that
-// ignores its ctx.
-const abandonAfter = time.Second
-
-// stopDrainer cancels the drainer and waits for it, at most abandonAfter,
-// then ends the sessions of whatever transactions are still open.
-func (c *Consumer) stopDrainer(ctx context.Context, stop context.CancelFunc, drained <-chan struct{}) {
-	stop()
-	t := time.NewTimer(abandonAfter)
-	defer t.Stop()
-	select {
-	case <-drained:
-		return
-	case <-t.C:
-	}
-	if err := endSessions(context.WithoutCancel(ctx), c.db, c.log, c.open.pids()); err != nil {
-		c.log.ErrorContext(ctx, "consumer: could not end the sessions of the drainer's transactions; they end when its handler returns",
-			slog.String("error", err.Error()))
-	}
-}
-
 func (c *Consumer) pruneLoop(ctx context.Context) {
 	every(ctx, c.cfg.PruneInterval, func() {
 		n, err := c.proc.PruneKeys(ctx)
@@ -331,78 +305,4 @@ func (c *Consumer) pruneLoop(ctx context.Context) {
 			c.log.InfoContext(ctx, "consumer: pruned processed keys", slog.Int64("deleted", n))
 		}
 	})
-}
-
-// CheckRetention compares Config.KeyRetention with the retention of the
-// subscribed topics (read from the broker) and with Config.ReplayWindow,
-// and returns a warning for each way a record could come back after its
-// key was pruned, when it would be applied a second time: a topic kept
-// longer than the keys, kept forever (retention.ms -1), or compacted
-// (cleanup.policy=compact, which keeps each key's latest record forever
-// whatever retention.ms says). Run logs them at start.
-func (c *Consumer) CheckRetention(ctx context.Context) ([]string, error) {
-	var warnings []string
-	keep := c.cfg.KeyRetention
-	if c.cfg.ReplayWindow > keep {
-		warnings = append(warnings, fmt.Sprintf("key retention %s is shorter than the dead-letter replay window %s: a replay after the key is pruned can apply an effect twice", keep, c.cfg.ReplayWindow))
-	}
-	topics := c.client.GetConsumeTopics()
-	if len(topics) == 0 {
-		return warnings, nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	configs, err := kadm.NewClient(c.client).DescribeTopicConfigs(cctx, topics...)
-	if err != nil {
-		return warnings, fmt.Errorf("describe topic configs: %w", err)
-	}
-	for _, rc := range configs {
-		if rc.Err != nil {
-			return warnings, fmt.Errorf("describe topic %s: %w", rc.Name, rc.Err)
-		}
-		var retention, policy *string
-		for _, cfg := range rc.Configs {
-			switch cfg.Key {
-			case "retention.ms":
-				retention = cfg.Value
-			case "cleanup.policy":
-				policy = cfg.Value
-			}
-		}
-		if policy != nil && compactOnly(*policy) {
-			// retention.ms does not apply: each key's latest record stays
-			// for as long as the topic does.
-			warnings = append(warnings, fmt.Sprintf("topic %s is compacted (cleanup.policy=%s): it keeps each key's latest record forever, but processed keys are kept %s: a reset to an old offset, or a new consumer group reading from the start, applies those records' effects again", rc.Name, *policy, keep))
-			continue
-		}
-		if retention == nil {
-			continue
-		}
-		ms, err := strconv.ParseInt(*retention, 10, 64)
-		if err != nil {
-			continue
-		}
-		switch {
-		case ms < 0:
-			warnings = append(warnings, fmt.Sprintf("topic %s keeps records forever but processed keys are kept %s: a reset to an old offset applies effects again", rc.Name, keep))
-		case time.Duration(ms)*time.Millisecond > keep:
-			warnings = append(warnings, fmt.Sprintf("key retention %s is shorter than topic %s's retention %s: a redelivery after the key is pruned applies its effect again", keep, rc.Name, time.Duration(ms)*time.Millisecond))
-		}
-	}
-	return warnings, nil
-}
-
-// compactOnly reports whether a cleanup.policy value compacts without
-// deleting by time ("compact", not "compact,delete").
-func compactOnly(policy string) bool {
-	compact, del := false, false
-	for _, p := range strings.Split(policy, ",") {
-		switch strings.TrimSpace(p) {
-		case "compact":
-			compact = true
-		case "delete":
-			del = true
-		}
-	}
-	return compact && !del
 }
