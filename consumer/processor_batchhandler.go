@@ -87,7 +87,7 @@ func (p *Processor) callBatch(ctx context.Context, tx pgx.Tx, ms []*Message) (er
 			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
 		if err == nil || ctx.Err() != nil || tx.Conn().IsClosed() {
-			return // nothing failed, or not for the batch: batchOnce hands it back
+			return // nothing failed, or not for the batch: batchRun.once hands it back
 		}
 		attrs := []any{slog.Int("messages", len(ms)), slog.String("error", err.Error())}
 		var pe *PanicError
