@@ -13,9 +13,10 @@ import (
 // documented to do with each record and each operator action, written
 // without a database. model_test.go drives the real Processor and the model
 // side by side and compares them after every step. The rules, each from
-// the code it restates (processor.go, batch.go, resolve.go, message.go,
-// ordering/tracker.go, deadletter/store.go), under the default
-// ordering.GapPark and ordering.FirstSeenStrict:
+// the code it restates (processor_record.go, processor_batch.go,
+// operate_resolve.go, message.go, ordering/tracker.go,
+// deadletter/store.go), under the default ordering.GapPark and
+// ordering.FirstSeenStrict:
 //
 //   - A record that fails to parse (a bad or doubled sequence header, an
 //     idempotency key over outbox.MaxIdempotencyKeyBytes, a binary record

@@ -5,12 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"runtime/debug"
-	"slices"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -20,7 +15,6 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/dedupe"
-	"github.com/d419a114/outbox/internal/backoff"
 	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
@@ -72,11 +66,7 @@ type Processor struct {
 	dead     *deadletter.Store
 	ops      *operator.Store
 	log      *slog.Logger
-	// open holds the sessions of the transactions that attemptOnce,
-	// batchOnce and drainOnce have open, for Run to end when it abandons
-	// them.
-	open openSet
-	// ready wakes Consumer.Run's drainer; see readyToDrain.
+	// ready wakes Consumer.Run's drainer; see readyToDrain and leftInLine.
 	ready chan struct{}
 	// sql holds the hot path's statements; see tables.HotPath.
 	sql tables.HotPath
@@ -131,7 +121,7 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 		ops:  operator.New(&operator.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim and the move in one statement, sent in one round trip
-		// with BEGIN (see pipelinedTx): at one record per transaction a
+		// with BEGIN (see pgpipeline.Begin): at one record per transaction a
 		// round trip costs about as much as the record's own work.
 		sql: tables.For(c.Schema).HotPath,
 	}, nil
@@ -139,6 +129,10 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 
 // Name returns the consumer name.
 func (p *Processor) Name() string { return p.name }
+
+// appliedCount returns how many records Process and ProcessBatch applied,
+// drained ones included: the Consumer's heartbeat reports it.
+func (p *Processor) appliedCount() int64 { return p.applied.Load() }
 
 // Process applies rec in its own transaction and returns what happened. A
 // nil error means the record is done with (applied, duplicate, parked or
@@ -154,461 +148,16 @@ func (p *Processor) Process(ctx context.Context, rec *kgo.Record) (Result, error
 	return p.traced(ctx, rec, p.processRecord)
 }
 
+// processRecord is Process inside the tracer: a record that does not
+// parse is dead-lettered at once; any other sets out on its recordRun.
 func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result, error) {
 	m, err := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 	if err != nil {
-		return p.deadLetter(ctx, m, err, 0)
+		return p.newRun(m).deadLetter(ctx, err)
 	}
-	return p.process(ctx, m)
-}
-
-// deadLetterRecord writes rec to the dead-letter table for cause, without
-// running its handler.
-func (p *Processor) deadLetterRecord(ctx context.Context, rec *kgo.Record, cause error) (Result, error) {
-	m, _ := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
-	return p.deadLetter(ctx, m, cause, 0)
-}
-
-func (p *Processor) process(ctx context.Context, m *Message) (Result, error) {
-	return p.processAfter(ctx, m, nil)
-}
-
-// processAfter is process for a record whose handler already ran once and
-// failed with prior (in a batch that was rolled back), so that batch mode
-// tries each record as often as single mode does; prior nil means a fresh
-// record.
-func (p *Processor) processAfter(ctx context.Context, m *Message, prior error) (Result, error) {
-	// attempt counts the tries that failed for the record's sake, toward
-	// MaxAttempts; transient counts those that failed for the database's,
-	// which never dead-letter: after MaxAttempts of them in a row the
-	// record is handed back undone.
-	handlerRuns, attempt, transient, err := 0, 0, 0, prior
-	if prior != nil {
-		handlerRuns, attempt = 1, 1
-	}
-	class := classRecord
-	for {
-		if err != nil {
-			if ctx.Err() != nil {
-				return Result{}, notDone(ctx, m, "handler did not finish")
-			}
-			var gap *ordering.GapError
-			if errors.As(err, &gap) {
-				return Result{}, err
-			}
-			tries := attempt
-			class = p.judge(ctx, classify(err), err, m)
-			switch class {
-			case classTransient:
-				if transient++; transient >= p.cfg.MaxAttempts {
-					return Result{}, err
-				}
-				tries = transient
-			case classData:
-				return p.deadLetter(ctx, m, err, handlerRuns)
-			default:
-				if attempt >= p.cfg.MaxAttempts || IsPermanent(err) {
-					return p.deadLetter(ctx, m, err, handlerRuns)
-				}
-				transient = 0
-			}
-			p.log.WarnContext(ctx, "consumer: record failed, will retry",
-				slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
-				slog.Int("attempt", attempt), slog.Bool("transient", tries == transient), slog.String("error", err.Error()))
-			if sleep(ctx, p.backoff(tries)) != nil {
-				return Result{}, notDone(ctx, m, "not retried")
-			}
-		}
-		if class != classTransient {
-			attempt++
-		}
-		m.Attempt = attempt + transient
-		var (
-			res Result
-			ran bool
-		)
-		res, ran, err = p.attemptOnce(ctx, m)
-		if ran {
-			handlerRuns++
-		}
-		if err == nil {
-			res.Attempts = handlerRuns
-			if res.Drained == drainChunk {
-				n, err := p.drainRest(ctx, m.aggregate())
-				res.Drained += n
-				if err != nil {
-					p.log.WarnContext(ctx, "consumer: record applied, but draining the rest of its aggregate's parked records failed; DrainReady, which Run calls, applies them later",
-						slog.String("aggregate", m.aggregate().String()), slog.String("error", err.Error()))
-				}
-			}
-			return res, nil
-		}
-	}
-}
-
-// notDone is the error for a record that ctx ended before it was done,
-// saying which record and whether a deadline or a cancel ended it.
-func notDone(ctx context.Context, m *Message, what string) error {
-	when := "before the context was cancelled"
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		when = "before the context's deadline"
-	}
-	return fmt.Errorf("consumer: record %s/%d@%d: %s %s: %w", m.Topic, m.Partition, m.Offset, what, when, ctx.Err())
-}
-
-// attemptOnce runs one transaction for m. ran says whether the handler ran.
-func (p *Processor) attemptOnce(ctx context.Context, m *Message) (Result, bool, error) {
-	// BEGIN travels with the claim: one round trip fewer per record.
-	sql, args := p.firstStatement(m)
-	var pre claimed
-	tx, release, err := beginWith(ctx, p.db, sql, args, &pre.fresh, &pre.parked)
-	if err != nil {
-		return Result{}, false, infra(fmt.Errorf("consumer: begin and claim key: %w", err))
-	}
-	defer release()
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	defer p.track(ctx, tx)()
-	res, ran, err := p.apply(ctx, tx, m, true, &pre)
-	if err != nil {
-		return Result{}, ran, connectionLost(tx, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		// A commit can fail because of the handler's deferred constraints
-		// or because the connection broke; either way the record is tried
-		// again and dedupe sorts out a commit that did land.
-		return Result{}, ran, connectionLost(tx, fmt.Errorf("consumer: commit: %w", err))
-	}
-	return res, ran, nil
-}
-
-// connectionLost turns an error that came with the loss of tx's connection
-// (the server restarted, the network failed) into an infrastructure error:
-// it says nothing about the record, which must not be dead-lettered for it.
-// A handler that timed out lost its connection because of its own deadline
-// (pgx closes a connection whose query is cancelled): that stays the
-// record's.
-func connectionLost(tx pgx.Tx, err error) error {
-	var te *HandlerTimeoutError
-	if isInfra(err) || errors.As(err, &te) {
-		return err
-	}
-	if tx.Conn().IsClosed() {
-		return infra(err)
-	}
-	return err
-}
-
-// claimed is the outcome of the hot path's first statement: whether the key
-// was fresh and, when the position moved, the aggregate's parked count.
-type claimed struct {
-	fresh  bool
-	parked *int
+	return p.newRun(m).process(ctx, nil)
 }
 
 // ordered reports whether m's sequence is checked: it has one and the
 // Processor is not Config.Unordered.
 func (p *Processor) ordered(m *Message) bool { return m.HasSeq() && !p.cfg.Unordered }
-
-func (p *Processor) firstStatement(m *Message) (string, []any) {
-	if p.ordered(m) {
-		return p.sql.ClaimAdvance, []any{p.name, m.AggregateType, m.AggregateID, m.Seq, m.IdempotencyKey}
-	}
-	return p.sql.ClaimOnly, []any{p.name, m.IdempotencyKey}
-}
-
-// apply does the work of one record inside tx: claim, order, handle,
-// drain. It does not commit.
-func (p *Processor) apply(ctx context.Context, tx pgx.Tx, m *Message, claim bool, pre *claimed) (Result, bool, error) {
-	var (
-		c     ordering.Check
-		known bool
-	)
-	if claim && pre == nil {
-		sql, args := p.firstStatement(m)
-		var c claimed
-		if err := tx.QueryRow(ctx, sql, args...).Scan(&c.fresh, &c.parked); err != nil {
-			return Result{}, false, infra(fmt.Errorf("consumer: claim key: %w", err))
-		}
-		pre = &c
-	}
-	if pre != nil {
-		if !pre.fresh {
-			p.noteDuplicate(ctx, m)
-			return Result{Outcome: Duplicate}, false, nil
-		}
-		if pre.parked != nil {
-			c, known = ordering.Check{Verdict: ordering.InOrder, Last: m.Seq - 1, Parked: *pre.parked}, true
-		}
-	}
-	if !p.ordered(m) {
-		return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
-	}
-	agg := m.aggregate()
-	if !known {
-		var err error
-		if c, err = p.ordering.Check(ctx, tx, agg, m.Seq); err != nil {
-			return Result{}, false, infra(err)
-		}
-	}
-	switch c.Verdict {
-	case ordering.Duplicate:
-		if p.cfg.GapPolicy == ordering.GapIgnore {
-			// Ignore: a late record is applied; dedupe vouched for it.
-			return Result{Outcome: Applied}, true, p.call(ctx, tx, m)
-		}
-		reused := &SequenceReusedError{Aggregate: agg, Seq: m.Seq, Position: c.Last}
-		if p.cfg.FirstSeen == ordering.FirstSeenBaseline && !m.Replayed {
-			// The baseline skips what came before the consumer joined,
-			// which a late record below it may be; say so, and skip it.
-			p.log.InfoContext(ctx, "consumer: record below its aggregate's position skipped under FirstSeenBaseline",
-				slog.String("reason", reused.Error()))
-			return Result{Outcome: Duplicate}, false, nil
-		}
-		// The key was fresh, so this is not a redelivery of the event
-		// that took this sequence: a different event reuses it.
-		return Result{}, false, Permanent(reused)
-	case ordering.Gap:
-		if c.Held || p.cfg.GapPolicy == ordering.GapPark {
-			ok, err := p.ordering.Park(ctx, tx, agg, m.Seq, m.Record, m.IdempotencyKey)
-			if err != nil {
-				return Result{}, false, infra(err)
-			}
-			if !ok {
-				// The key was fresh, so the record parked at this
-				// sequence is another event.
-				return Result{}, false, Permanent(&SequenceReusedError{Aggregate: agg, Seq: m.Seq, Position: c.Last, Parked: true})
-			}
-			p.log.InfoContext(ctx, "consumer: record parked behind a gap", slog.String("aggregate", agg.String()),
-				slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1), slog.Bool("held_by_dead_letter", c.Held))
-			return Result{Outcome: Parked}, false, nil
-		}
-		if p.cfg.GapPolicy == ordering.GapFail {
-			return Result{}, false, &ordering.GapError{Aggregate: agg, Want: c.Last + 1, Got: m.Seq}
-		}
-		p.log.WarnContext(ctx, "consumer: gap ignored", slog.String("aggregate", agg.String()),
-			slog.Int64("seq", m.Seq), slog.Int64("want_seq", c.Last+1))
-		if err := p.call(ctx, tx, m); err != nil {
-			return Result{}, true, err
-		}
-		if _, _, err := p.ordering.SkipTo(ctx, tx, agg, m.Seq); err != nil {
-			return Result{}, true, infra(err)
-		}
-		return Result{Outcome: Applied}, true, nil
-	}
-	if err := p.call(ctx, tx, m); err != nil {
-		return Result{}, true, err
-	}
-	res := Result{Outcome: Applied}
-	if c.Parked > 0 {
-		n, err := p.drain(ctx, tx, agg)
-		if err != nil {
-			return Result{}, true, err
-		}
-		res.Drained = n
-	}
-	return res, true, nil
-}
-
-// call runs the handler with Config.HandlerTimeout, turning a panic into a
-// *PanicError and a handler that ran out of its time into a
-// *HandlerTimeoutError.
-func (p *Processor) call(ctx context.Context, tx pgx.Tx, m *Message) error {
-	hctx, cancel := p.handlerContext(ctx)
-	defer cancel()
-	err := p.callHandler(hctx, tx, m)
-	return p.timedOut(ctx, hctx, err)
-}
-
-// handlerContext is ctx with Config.HandlerTimeout, when there is one.
-func (p *Processor) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if p.cfg.HandlerTimeout < 0 {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, p.cfg.HandlerTimeout)
-}
-
-// timedOut wraps err in a *HandlerTimeoutError when the handler's context
-// hctx ran out of time while ctx, its parent, did not.
-func (p *Processor) timedOut(ctx, hctx context.Context, err error) error {
-	if err != nil && ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
-		return &HandlerTimeoutError{Timeout: p.cfg.HandlerTimeout, Err: err}
-	}
-	return err
-}
-
-func (p *Processor) callHandler(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
-		}
-	}()
-	return p.h.Handle(ctx, tx, m)
-}
-
-func (p *Processor) letter(m *Message, err error, attempts int) *deadletter.Letter {
-	l := &deadletter.Letter{
-		Consumer: p.name, Record: m.Record, IdempotencyKey: m.IdempotencyKey,
-		AggregateType: m.AggregateType, AggregateID: m.AggregateID, Seq: m.Seq,
-		Error: err.Error(), Attempts: attempts,
-	}
-	l.Reason, l.Failure = fingerprint(err, attempts)
-	var pe *PanicError
-	if errors.As(err, &pe) {
-		l.Stack = string(pe.Stack)
-	}
-	return l
-}
-
-// deadLetter writes m to the dead-letter table in its own transaction and,
-// when m is sequenced, holds its aggregate so that later records park
-// behind it. A record that is already dealt with is a Duplicate instead:
-// its key is claimed (it was applied, or its letter discarded or replayed),
-// or its letter was resolved. So a malformed record that comes back does
-// not raise its letter from the dead.
-func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, attempts int) (Result, error) {
-	var (
-		id  int64
-		dup bool
-	)
-	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		if m.IdempotencyKey != "" {
-			claimed, err := p.dedupe.Claimed(ctx, tx, m.IdempotencyKey)
-			if err != nil || claimed {
-				dup = claimed
-				return err
-			}
-		}
-		var err error
-		if id, err = p.dead.Put(ctx, tx, p.letter(m, cause, attempts)); err != nil {
-			if errors.Is(err, deadletter.ErrResolved) {
-				dup = true
-				return nil
-			}
-			return err
-		}
-		if p.ordered(m) {
-			return p.ordering.Hold(ctx, tx, m.aggregate(), m.Seq)
-		}
-		return nil
-	})
-	if err != nil {
-		return Result{}, infra(fmt.Errorf("consumer: dead-letter record %s/%d@%d: %w", m.Topic, m.Partition, m.Offset, err))
-	}
-	if dup {
-		p.log.InfoContext(ctx, "consumer: failed record was dealt with before; skipped as a duplicate",
-			slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
-			slog.String("error", cause.Error()))
-		return Result{Outcome: Duplicate, Attempts: attempts}, nil
-	}
-	p.log.ErrorContext(ctx, "consumer: record dead-lettered",
-		slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
-		slog.Int64("dead_letter_id", id), slog.Int("attempts", attempts), slog.String("error", cause.Error()))
-	return Result{Outcome: DeadLettered, DeadLetterID: id, Attempts: attempts, Err: cause}, nil
-}
-
-// track records tx as open until the returned function runs, in the
-// Processor's set and in the set ctx carries (see withOpenSet), if any,
-// by the server pid of its transaction (serverPID), which behind a pooler
-// is not the connection's start-up pid; 0 when it could not be read.
-func (p *Processor) track(ctx context.Context, tx pgx.Tx) func() {
-	pid := serverPID(ctx, tx)
-	done := p.open.add(pid)
-	s, _ := ctx.Value(openKey{}).(*openSet)
-	if s == nil {
-		return done
-	}
-	doneToo := s.add(pid)
-	return func() {
-		doneToo()
-		done()
-	}
-}
-
-// openSet counts the open transactions of each database session (backend
-// pid), for Run to end the sessions of the ones it abandons.
-type openSet struct {
-	mu sync.Mutex
-	m  map[uint32]int
-}
-
-// add counts a transaction open on pid until the returned function runs.
-func (s *openSet) add(pid uint32) func() {
-	s.mu.Lock()
-	if s.m == nil {
-		s.m = map[uint32]int{}
-	}
-	s.m[pid]++
-	s.mu.Unlock()
-	return func() {
-		s.mu.Lock()
-		if s.m[pid]--; s.m[pid] <= 0 {
-			delete(s.m, pid)
-		}
-		s.mu.Unlock()
-	}
-}
-
-// pids returns the sessions with an open transaction.
-func (s *openSet) pids() []uint32 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Collect(maps.Keys(s.m))
-}
-
-type openKey struct{}
-
-// withOpenSet returns ctx carrying s: the transactions begun under it are
-// counted in s too, so that a partition's lane can end just its own.
-func withOpenSet(ctx context.Context, s *openSet) context.Context {
-	return context.WithValue(ctx, openKey{}, s)
-}
-
-// terminate ends the database sessions pids, which rolls back their
-// transactions on the server. The pids are the server's (see track), so
-// this works through a pooler too: PgBouncer then drops the client
-// connection whose server session ended. A pid is still its transaction's
-// while the transaction is tracked, except in the moment between its end
-// and its untracking, in which a transaction pooler could give the session
-// to another client. A pid of 0 (unknown) cannot be ended: that is said at
-// WARN, since only the server's idle_in_transaction_session_timeout (or
-// the pooler's idle_transaction_timeout) then bounds the transaction.
-func (p *Processor) terminate(ctx context.Context, pids []uint32) error {
-	if len(pids) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	ids := make([]int64, 0, len(pids))
-	for _, pid := range pids {
-		if pid != 0 {
-			ids = append(ids, int64(pid))
-		}
-	}
-	if len(ids) < len(pids) {
-		p.log.WarnContext(ctx, "consumer: cannot end the sessions of abandoned transactions whose server pid could not be read; "+
-			"the server's idle_in_transaction_session_timeout (or the pooler's idle_transaction_timeout) must bound them")
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	_, err := p.db.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, ids)
-	return err
-}
-
-func (p *Processor) backoff(attempt int) time.Duration {
-	return backoff.Policy{Min: p.cfg.MinBackoff, Max: p.cfg.MaxBackoff}.Delay(attempt)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}

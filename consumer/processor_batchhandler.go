@@ -46,11 +46,12 @@ type BatchHandler interface {
 	HandleBatch(ctx context.Context, tx pgx.Tx, ms []*Message) error
 }
 
-// handleAll runs the handler for the messages of a batch's happy path,
-// those whose result is Applied: HandleBatch once when the handler is a
-// BatchHandler, else Handle for each in order. On an error, failed is the
-// message whose Handle failed, or nil when HandleBatch did.
-func (p *Processor) handleAll(ctx context.Context, tx pgx.Tx, msgs []*Message, res []Result) (failed *Message, err error) {
+// handleAll runs the handler in b.tx for the messages of the batch's
+// happy path, those whose result is Applied: HandleBatch once when the
+// handler is a BatchHandler, else Handle for each in order. On an error,
+// failed is the message whose Handle failed, or nil when HandleBatch did.
+func (b *batchRun) handleAll(ctx context.Context) (failed *Message, err error) {
+	p, tx, msgs, res := b.p, b.tx, b.msgs, b.res
 	if p.bh == nil {
 		for i, m := range msgs {
 			if res[i].Outcome != Applied {
@@ -86,7 +87,7 @@ func (p *Processor) callBatch(ctx context.Context, tx pgx.Tx, ms []*Message) (er
 			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
 		if err == nil || ctx.Err() != nil || tx.Conn().IsClosed() {
-			return // nothing failed, or not for the batch: batchOnce hands it back
+			return // nothing failed, or not for the batch: batchRun.once hands it back
 		}
 		attrs := []any{slog.Int("messages", len(ms)), slog.String("error", err.Error())}
 		var pe *PanicError

@@ -1,4 +1,4 @@
-package consumer
+package pgpipeline
 
 import (
 	"context"
@@ -26,14 +26,14 @@ func learnDirect(pg *pgconn.PgConn, serverPID uint32) {
 	pg.CustomData()[directKey] = serverPID == pg.PID()
 }
 
-// serverPID returns the server pid of tx's transaction, for ending its
-// session if the transaction is abandoned: the pid that beginWith read in
+// ServerPID returns the server pid of tx's transaction, for ending its
+// session if the transaction is abandoned: the pid that Begin read in
 // its pipeline, or the start-up pid of a connection known to be direct, or
 // else pg_backend_pid() asked in the transaction (a round trip, once per
 // connection when it is direct, and per transaction behind a pooler). 0
 // when it cannot be read.
-func serverPID(ctx context.Context, tx pgx.Tx) uint32 {
-	if ptx, ok := tx.(*pipelinedTx); ok && ptx.serverPID != 0 {
+func ServerPID(ctx context.Context, tx pgx.Tx) uint32 {
+	if ptx, ok := tx.(*Tx); ok && ptx.serverPID != 0 {
 		return ptx.serverPID
 	}
 	pg := tx.Conn().PgConn()

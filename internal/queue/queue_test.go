@@ -1,4 +1,4 @@
-package consumer
+package queue
 
 import (
 	"testing"
@@ -6,15 +6,16 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"pgregory.net/rapid"
-
-	"github.com/d419a114/outbox"
 )
+
+// recordKey orders the test's records by their record key.
+func recordKey(r *kgo.Record) string { return string(r.Key) }
 
 // queueModel is the reference for a lane's queue: every record received,
 // each with its state, and the batches handed out and not yet given back.
 type queueModel struct {
 	recs    []modelRec
-	batches [][]*entry
+	batches [][]*Entry
 }
 
 type modelRec struct {
@@ -61,18 +62,22 @@ func (m *queueModel) eligible(i int) bool {
 // its records); a pick takes every record that may start, up to its
 // bound, in offset order; and the done prefix (what the lane commits) is
 // exactly the records before the first one not done. At the end every
-// record is done. Half the runs are of an unordered queue
-// (Config.Unordered), where every record goes freely. A failure prints
-// rapid's seed.
+// record is done. Half the runs are of an unordered queue (a nil key, the
+// consumer's Config.Unordered), where every record goes freely. A failure
+// prints rapid's seed.
 func TestQueue(t *testing.T) {
 	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
-		// free is Config.Unordered: no record is ordered against another.
+		// free is a nil key: no record is ordered against another.
 		free := rapid.Bool().Draw(t, "free")
-		q := newQueue(free)
+		key := recordKey
+		if free {
+			key = nil
+		}
+		q := New(key)
 		m := &queueModel{}
 		next := int64(0)
-		key := rapid.SampledFrom([]string{"", "a", "b", "c", "d"})
+		keys := rapid.SampledFrom([]string{"", "a", "b", "c", "d"})
 
 		t.Repeat(map[string]func(*rapid.T){
 			"fetch": func(t *rapid.T) {
@@ -85,26 +90,21 @@ func TestQueue(t *testing.T) {
 					}
 				}
 				for range rapid.IntRange(1, 6).Draw(t, "records") {
-					k := key.Draw(t, "key")
+					k := keys.Draw(t, "key")
 					r := &kgo.Record{Offset: next, Key: []byte(k)}
-					if k != "" && rapid.Bool().Draw(t, "header") {
-						// The aggregate header orders it, not the key.
-						r.Key = []byte("ignored")
-						r.Headers = []kgo.RecordHeader{{Key: outbox.HeaderAggregateID, Value: []byte(k)}}
-					}
 					recs = append(recs, r)
-					mr := modelRec{offset: next, key: orderKey(r)}
+					mr := modelRec{offset: next, key: k}
 					if free {
 						mr.key = ""
 					}
 					m.recs = append(m.recs, mr)
 					next++
 				}
-				q.push(recs)
+				q.Push(recs)
 			},
 			"pick": func(t *rapid.T) {
 				n := rapid.IntRange(1, 5).Draw(t, "n")
-				batch := q.pick(n)
+				batch := q.Pick(n)
 				require.LessOrEqual(t, len(batch), n)
 				for i, e := range batch {
 					r := m.at(e.rec.Offset)
@@ -143,26 +143,26 @@ func TestQueue(t *testing.T) {
 						m.at(e.rec.Offset).state = finished
 					}
 				}
-				q.finish(batch, n)
+				q.Finish(batch, n)
 			},
 			"": func(t *rapid.T) { checkQueue(t, q, m) },
 		})
 
 		for _, b := range m.batches {
-			q.finish(b, len(b))
+			q.Finish(b, len(b))
 			for _, e := range b {
 				m.at(e.rec.Offset).state = finished
 			}
 		}
 		m.batches = nil
-		for batch := q.pick(3); batch != nil; batch = q.pick(3) {
-			q.finish(batch, len(batch))
+		for batch := q.Pick(3); batch != nil; batch = q.Pick(3) {
+			q.Finish(batch, len(batch))
 			for _, e := range batch {
 				m.at(e.rec.Offset).state = finished
 			}
 		}
 		checkQueue(t, q, m)
-		require.Zero(t, q.len(), "records left undone")
+		require.Zero(t, q.Len(), "records left undone")
 		if next > 0 {
 			require.Equal(t, next-1, q.done.Offset)
 		}
@@ -180,7 +180,7 @@ func indexOf(m *queueModel, offset int64) int {
 
 // checkQueue checks q against m: the done prefix, what is held, and the
 // keys in flight.
-func checkQueue(t *rapid.T, q *queue, m *queueModel) {
+func checkQueue(t *rapid.T, q *Queue, m *queueModel) {
 	prefix := 0
 	for prefix < len(m.recs) && m.recs[prefix].state == finished {
 		prefix++
@@ -191,7 +191,7 @@ func checkQueue(t *rapid.T, q *queue, m *queueModel) {
 		require.NotNil(t, q.done)
 		require.Equal(t, m.recs[prefix-1].offset, q.done.Offset, "done prefix")
 	}
-	require.Equal(t, len(m.recs)-prefix, q.len(), "records held")
+	require.Equal(t, len(m.recs)-prefix, q.Len(), "records held")
 	busy := map[string]int{}
 	for _, r := range m.recs {
 		if r.state == inFlight && r.key != "" {

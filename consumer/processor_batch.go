@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/d419a114/outbox/internal/pgpipeline"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -41,7 +42,7 @@ func (p *Processor) processBatch(ctx context.Context, recs []*kgo.Record) ([]Res
 		return nil, nil
 	}
 	if len(recs) > 1 {
-		switch o := p.batchOnce(ctx, recs); o.verdict {
+		switch o := p.newBatchRun(recs).once(ctx); o.verdict {
 		case batchApplied:
 			return o.res, nil
 		case batchNotDone:
@@ -111,36 +112,59 @@ var offPath = batchOutcome{verdict: batchOffPath}
 
 func notDoneBatch(err error) batchOutcome { return batchOutcome{verdict: batchNotDone, err: err} }
 
-// batchOnce tries the happy path for recs, in named steps: parse them,
-// plan the position moves, claim the keys with BEGIN, move the positions,
-// run the handlers, commit. Any step may end the try; see batchVerdict.
-func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) batchOutcome {
-	msgs, keys, ok := p.parseBatch(recs)
+// batchRun is one try of ProcessBatch's happy path, from the records to
+// their handler: the records' messages, the transaction, and each
+// record's result on the happy path. Each step is a method of it instead
+// of a function passing the same values along. Only the goroutine applying
+// the batch touches it.
+type batchRun struct {
+	p    *Processor
+	recs []*kgo.Record
+	// msgs are the records parsed, in order; their keys are claimed in tx.
+	msgs []*Message
+	tx   *pgpipeline.Tx
+	// res is each message's result on the happy path (see planBatch).
+	res []Result
+}
+
+// newBatchRun starts a try of the happy path for recs.
+func (p *Processor) newBatchRun(recs []*kgo.Record) *batchRun { return &batchRun{p: p, recs: recs} }
+
+// once tries the happy path for the batch, in named steps: parse the
+// records, claim the keys with BEGIN, plan the position moves, move the
+// positions, run the handlers, commit. Any step may end the try; see
+// batchVerdict.
+func (b *batchRun) once(ctx context.Context) batchOutcome {
+	p := b.p
+	keys, ok := b.parse()
 	if !ok {
 		return offPath
 	}
 	var freshKeys []string
-	tx, release, err := beginWith(ctx, p.db, p.sql.ClaimMany, []any{p.name, keys}, &freshKeys)
+	tx, release, err := pgpipeline.Begin(ctx, p.db, p.sql.ClaimMany, []any{p.name, keys}, &freshKeys)
 	if err != nil {
 		return notDoneBatch(infra(fmt.Errorf("consumer: begin and claim keys: %w", err)))
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	defer p.track(ctx, tx)()
+	defer track(ctx, tx)()
+	b.tx = tx
+	defer func() { b.tx = nil }()
 
-	res, moves, ok := planBatch(msgs, freshKeys, p.ordered)
+	res, moves, ok := planBatch(b.msgs, freshKeys, p.ordered)
 	if !ok {
 		return offPath
 	}
-	if ok, err := p.advanceBatch(ctx, tx, moves); err != nil {
+	b.res = res
+	if ok, err := b.advance(ctx, moves); err != nil {
 		return notDoneBatch(err)
 	} else if !ok {
 		return offPath
 	}
 	// Every position moved as one record at a time would have moved them,
 	// so the handlers run in the same order with the same verdicts.
-	if m, err := p.handleAll(ctx, tx, msgs, res); err != nil {
-		return p.handlerFailed(ctx, tx, m, err)
+	if m, err := b.handleAll(ctx); err != nil {
+		return b.handlerFailed(ctx, m, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -148,23 +172,25 @@ func (p *Processor) batchOnce(ctx context.Context, recs []*kgo.Record) batchOutc
 		}
 		return offPath
 	}
-	p.noteDuplicates(ctx, msgs, res)
+	p.noteDuplicates(ctx, b.msgs, res)
 	return batchOutcome{verdict: batchApplied, res: res}
 }
 
-// parseBatch parses recs; ok false when one is malformed, which only the
-// one-by-one path can dead-letter.
-func (p *Processor) parseBatch(recs []*kgo.Record) (msgs []*Message, keys []string, ok bool) {
-	msgs, keys = make([]*Message, len(recs)), make([]string, len(recs))
-	for i, r := range recs {
+// parse parses the records into b.msgs and returns their keys; ok false
+// when one is malformed, which only the one-by-one path can dead-letter.
+func (b *batchRun) parse() (keys []string, ok bool) {
+	p := b.p
+	msgs, keys := make([]*Message, len(b.recs)), make([]string, len(b.recs))
+	for i, r := range b.recs {
 		m, err := parse(r, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 		if err != nil {
-			return nil, nil, false
+			return nil, false
 		}
 		m.Attempt = 1
 		msgs[i], keys[i] = m, m.IdempotencyKey
 	}
-	return msgs, keys, true
+	b.msgs = msgs
+	return keys, true
 }
 
 // aggregateMove is one aggregate's records in a batch: sequences first to
@@ -212,11 +238,12 @@ func planBatch(msgs []*Message, freshKeys []string, ordered func(*Message) bool)
 	return res, moves, true
 }
 
-// advanceBatch moves every aggregate of moves in one statement. ok false
-// when one did not move as planned (a gap, a duplicate sequence, an
+// advance moves every aggregate of moves in b.tx, in one statement. ok
+// false when one did not move as planned (a gap, a duplicate sequence, an
 // aggregate not seen before under FirstSeenStrict) or has parked records
 // to drain.
-func (p *Processor) advanceBatch(ctx context.Context, tx *pipelinedTx, moves []aggregateMove) (bool, error) {
+func (b *batchRun) advance(ctx context.Context, moves []aggregateMove) (bool, error) {
+	p := b.p
 	if len(moves) == 0 {
 		return true, nil
 	}
@@ -226,7 +253,7 @@ func (p *Processor) advanceBatch(ctx context.Context, tx *pipelinedTx, moves []a
 		types[i], ids[i], firsts[i], lasts[i] = mv.agg.Type, mv.agg.ID, mv.first, mv.last
 	}
 	var moved, parked int64
-	err := tx.QueryRow(ctx, p.sql.AdvanceMany, p.name, types, ids, firsts, lasts,
+	err := b.tx.QueryRow(ctx, p.sql.AdvanceMany, p.name, types, ids, firsts, lasts,
 		p.cfg.FirstSeen == ordering.FirstSeenBaseline).Scan(&moved, &parked)
 	if err != nil {
 		return false, infra(fmt.Errorf("consumer: advance positions: %w", err))
@@ -235,12 +262,12 @@ func (p *Processor) advanceBatch(ctx context.Context, tx *pipelinedTx, moves []a
 }
 
 // handlerFailed says what a handler's error m, err in the batch means.
-func (p *Processor) handlerFailed(ctx context.Context, tx *pipelinedTx, m *Message, err error) batchOutcome {
+func (b *batchRun) handlerFailed(ctx context.Context, m *Message, err error) batchOutcome {
 	if ctx.Err() != nil {
 		return notDoneBatch(ctx.Err())
 	}
 	// connectionLost wraps err when, and only when, the connection is gone.
-	if lost := connectionLost(tx, err); lost != err { //nolint:errorlint // identity: did connectionLost wrap err?
+	if lost := connectionLost(b.tx, err); lost != err { //nolint:errorlint // identity: did connectionLost wrap err?
 		// The database went away under the handler: that says nothing
 		// about the records and must not count as a try.
 		return notDoneBatch(lost)

@@ -7,13 +7,9 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -93,8 +89,12 @@ func ClientOpts() []kgo.Opt {
 type Consumer struct {
 	proc   *Processor
 	client *kgo.Client
-	cfg    Config
-	log    *slog.Logger
+	// db, name, cfg and log are the Processor's, for the runner's own
+	// work: heartbeats, and ending the sessions of abandoned transactions.
+	db   DB
+	name string
+	cfg  Config
+	log  *slog.Logger
 	// share says the client is in a share group (see shareLoop); paused
 	// makes its fetching stop once.
 	share  bool
@@ -111,6 +111,10 @@ type Consumer struct {
 	// commitMu makes commits one at a time, so that a periodic commit
 	// cannot land after the commit of a revocation.
 	commitMu sync.Mutex
+	// open holds the sessions of the transactions open in the work Run
+	// started (lanes, share rounds, the drainer, operator requests), for
+	// Run to end when it abandons them; each lane's set is part of it.
+	open openSet
 }
 
 // partition names a topic's partition.
@@ -141,7 +145,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 		if err != nil {
 			return nil, err
 		}
-		return &Consumer{proc: p, client: client, cfg: p.cfg, log: p.log, share: true}, nil
+		return &Consumer{proc: p, client: client, db: db, name: name, cfg: p.cfg, log: p.log, share: true}, nil
 	}
 	if g, _ := client.OptValue(kgo.ConsumerGroup).(string); g == "" {
 		return nil, errors.New("consumer: client has no consumer group; create it with kgo.ConsumerGroup(name) (or kgo.ShareGroup(name), with Config.Unordered) and kgo.ConsumeTopics(...)")
@@ -159,7 +163,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{proc: p, client: client, cfg: p.cfg, log: p.log, lanes: map[partition]*lane{}}, nil
+	return &Consumer{proc: p, client: client, db: db, name: name, cfg: p.cfg, log: p.log, lanes: map[partition]*lane{}}, nil
 }
 
 // Processor returns the consumer's Processor, for Replay, Discard and
@@ -203,7 +207,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { c.memberLoop(bg) })
 	if c.cfg.RequestPoll >= 0 {
-		wg.Go(func() { _ = c.proc.ServeRequests(bg) })
+		wg.Go(func() { _ = c.proc.ServeRequests(withOpenSet(bg, &c.open)) })
 	}
 	if c.share {
 		return c.shareLoop(ctx)
@@ -216,7 +220,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
-		c.drainLoop(drainCtx)
+		c.drainLoop(withOpenSet(drainCtx, &c.open))
 	}()
 	defer c.stopDrainer(ctx, stopDrain, drained)
 
@@ -292,28 +296,6 @@ func (c *Consumer) poll(ctx context.Context) error {
 	}
 }
 
-// abandonAfter is how long the Consumer waits, once the handlers of
-// records it stopped have had their contexts cancelled, for a handler that
-// ignores its ctx.
-const abandonAfter = time.Second
-
-// stopDrainer cancels the drainer and waits for it, at most abandonAfter,
-// then ends the sessions of whatever transactions are still open.
-func (c *Consumer) stopDrainer(ctx context.Context, stop context.CancelFunc, drained <-chan struct{}) {
-	stop()
-	t := time.NewTimer(abandonAfter)
-	defer t.Stop()
-	select {
-	case <-drained:
-		return
-	case <-t.C:
-	}
-	if err := c.proc.terminate(context.WithoutCancel(ctx), c.proc.open.pids()); err != nil {
-		c.log.ErrorContext(ctx, "consumer: could not end the sessions of the drainer's transactions; they end when its handler returns",
-			slog.String("error", err.Error()))
-	}
-}
-
 func (c *Consumer) pruneLoop(ctx context.Context) {
 	every(ctx, c.cfg.PruneInterval, func() {
 		n, err := c.proc.PruneKeys(ctx)
@@ -323,81 +305,4 @@ func (c *Consumer) pruneLoop(ctx context.Context) {
 			c.log.InfoContext(ctx, "consumer: pruned processed keys", slog.Int64("deleted", n))
 		}
 	})
-}
-
-// CheckRetention compares Config.KeyRetention with the retention of the
-// subscribed topics (read from the broker) and with Config.ReplayWindow,
-// and returns a warning for each way a record could come back after its
-// key was pruned, when it would be applied a second time: a replay window
-// longer than the keys, a topic kept longer than the keys, kept forever
-// (retention.ms -1), or compacted (cleanup.policy=compact, which keeps
-// each key's latest record forever whatever retention.ms says); its Kind
-// tells which. Run logs them at start.
-func (c *Consumer) CheckRetention(ctx context.Context) ([]RetentionWarning, error) {
-	var warnings []RetentionWarning
-	keep := c.cfg.KeyRetention
-	if c.cfg.ReplayWindow > keep {
-		warnings = append(warnings, RetentionWarning{Kind: RetentionReplayWindow, Message: fmt.Sprintf("key retention %s is shorter than the dead-letter replay window %s: a replay after the key is pruned can apply an effect twice", keep, c.cfg.ReplayWindow)})
-	}
-	topics := c.client.GetConsumeTopics()
-	if len(topics) == 0 {
-		return warnings, nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	configs, err := kadm.NewClient(c.client).DescribeTopicConfigs(cctx, topics...)
-	if err != nil {
-		return warnings, fmt.Errorf("describe topic configs: %w", err)
-	}
-	for _, rc := range configs {
-		if rc.Err != nil {
-			return warnings, fmt.Errorf("describe topic %s: %w", rc.Name, rc.Err)
-		}
-		var retention, policy *string
-		for _, cfg := range rc.Configs {
-			switch cfg.Key {
-			case "retention.ms":
-				retention = cfg.Value
-			case "cleanup.policy":
-				policy = cfg.Value
-			}
-		}
-		if policy != nil && compactOnly(*policy) {
-			// retention.ms does not apply: each key's latest record stays
-			// for as long as the topic does.
-			warnings = append(warnings, RetentionWarning{Kind: RetentionTopicCompacted, Topic: rc.Name, Message: fmt.Sprintf("topic %s is compacted (cleanup.policy=%s): it keeps each key's latest record forever, but processed keys are kept %s: a reset to an old offset, or a new consumer group reading from the start, applies those records' effects again", rc.Name, *policy, keep)})
-			continue
-		}
-		if retention == nil {
-			continue
-		}
-		ms, err := strconv.ParseInt(*retention, 10, 64)
-		if err != nil {
-			continue
-		}
-		switch {
-		case ms < 0:
-			warnings = append(warnings, RetentionWarning{Kind: RetentionTopicForever, Topic: rc.Name,
-				Message: fmt.Sprintf("topic %s keeps records forever but processed keys are kept %s: a reset to an old offset applies effects again", rc.Name, keep)})
-		case time.Duration(ms)*time.Millisecond > keep:
-			warnings = append(warnings, RetentionWarning{Kind: RetentionTopicLonger, Topic: rc.Name,
-				Message: fmt.Sprintf("key retention %s is shorter than topic %s's retention %s: a redelivery after the key is pruned applies its effect again", keep, rc.Name, time.Duration(ms)*time.Millisecond)})
-		}
-	}
-	return warnings, nil
-}
-
-// compactOnly reports whether a cleanup.policy value compacts without
-// deleting by time ("compact", not "compact,delete").
-func compactOnly(policy string) bool {
-	compact, del := false, false
-	for _, p := range strings.Split(policy, ",") {
-		switch strings.TrimSpace(p) {
-		case "compact":
-			compact = true
-		case "delete":
-			del = true
-		}
-	}
-	return compact && !del
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,11 +17,6 @@ import (
 // transactions of drainChunk records that each resume where the last one
 // stopped.
 const drainChunk = 50
-
-// drainSweep is how often Consumer.Run looks for parked records left in
-// line, by another process's Replay, Discard or ResolveGap or by a process
-// that stopped between two chunks.
-const drainSweep = time.Minute
 
 // drain applies up to drainChunk of agg's parked records that are now in
 // line, each in a savepoint with its own retries, so that a failing
@@ -64,7 +58,7 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
 				break
 			}
-			if err := sleep(ctx, p.backoff(attempt)); err != nil {
+			if err := sleep(ctx, p.cfg.backoff(attempt)); err != nil {
 				return err
 			}
 			herr = nil
@@ -106,7 +100,7 @@ func (p *Processor) drainRest(ctx context.Context, agg ordering.Aggregate) (int,
 func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int, error) {
 	n := 0
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		defer p.track(ctx, tx)()
+		defer track(ctx, tx)()
 		ok, err := p.ordering.Lock(ctx, tx, agg)
 		if err != nil || !ok {
 			return err
@@ -163,25 +157,6 @@ func (p *Processor) readyToDrain() {
 	}
 }
 
-// drainLoop runs DrainReady at start, when an operator action asks for it,
-// and every drainSweep, until ctx ends.
-func (c *Consumer) drainLoop(ctx context.Context) {
-	t := time.NewTicker(drainSweep)
-	defer t.Stop()
-	for {
-		n, err := c.proc.DrainReady(ctx)
-		if n > 0 {
-			c.log.InfoContext(ctx, "consumer: drained parked records left in line", slog.Int("records", n))
-		}
-		if err != nil && ctx.Err() == nil {
-			c.log.WarnContext(ctx, "consumer: draining parked records failed; retrying at the next sweep",
-				slog.Duration("sweep", drainSweep), slog.String("error", err.Error()))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-c.proc.ready:
-		}
-	}
-}
+// leftInLine receives when an operator action left parked records in line
+// (readyToDrain): Consumer.Run's drainer waits on it.
+func (p *Processor) leftInLine() <-chan struct{} { return p.ready }

@@ -1,4 +1,8 @@
-package consumer
+// Package pgpipeline begins a PostgreSQL transaction in one round trip
+// with its first statement, and tells the server session a transaction
+// runs in, for ending it when the transaction is abandoned. The consumer's
+// hot path begins each record's transaction with it.
+package pgpipeline
 
 import (
 	"context"
@@ -7,9 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// pipelinedTx is a pgx.Tx whose BEGIN went to the server in one pipeline
+// Tx is a pgx.Tx whose BEGIN went to the server in one pipeline
 // with the transaction's first statement. pgx's own Tx always spends a
 // round trip on BEGIN alone, and at one record per transaction a round trip
 // costs about as much as the record's own work (see BenchmarkThroughput).
@@ -18,10 +23,10 @@ import (
 // end the transaction and are safe to call again (ErrTxClosed), and a
 // failed commit reports pgx.ErrTxCommitRollback. The goroutine that runs
 // the record owns it.
-type pipelinedTx struct {
+type Tx struct {
 	conn *pgx.Conn
 	// serverPID is the server session the transaction runs in (see
-	// serverPID); 0 when unknown.
+	// ServerPID); 0 when unknown.
 	serverPID  uint32
 	closed     bool
 	savepoints int
@@ -30,9 +35,10 @@ type pipelinedTx struct {
 	lo pgx.Tx
 }
 
-var _ pgx.Tx = (*pipelinedTx)(nil)
+var _ pgx.Tx = (*Tx)(nil)
 
-func (tx *pipelinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+// Begin opens a savepoint, a pseudo nested transaction.
+func (tx *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if tx.closed {
 		return nil, pgx.ErrTxClosed
 	}
@@ -41,10 +47,12 @@ func (tx *pipelinedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if _, err := tx.conn.Exec(ctx, "savepoint "+name); err != nil {
 		return nil, err
 	}
-	return &savepointTx{pipelinedTx: tx, name: name}, nil
+	return &savepointTx{Tx: tx, name: name}, nil
 }
 
-func (tx *pipelinedTx) Commit(ctx context.Context) error {
+// Commit commits the transaction; when the server rolled it back instead
+// (a statement in it failed), it returns pgx.ErrTxCommitRollback.
+func (tx *Tx) Commit(ctx context.Context) error {
 	if tx.closed {
 		return pgx.ErrTxClosed
 	}
@@ -62,7 +70,8 @@ func (tx *pipelinedTx) Commit(ctx context.Context) error {
 	return nil
 }
 
-func (tx *pipelinedTx) Rollback(ctx context.Context) error {
+// Rollback rolls the transaction back.
+func (tx *Tx) Rollback(ctx context.Context) error {
 	if tx.closed {
 		return pgx.ErrTxClosed
 	}
@@ -75,14 +84,16 @@ func (tx *pipelinedTx) Rollback(ctx context.Context) error {
 	return nil
 }
 
-func (tx *pipelinedTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+// CopyFrom runs COPY FROM in the transaction.
+func (tx *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	if tx.closed {
 		return 0, pgx.ErrTxClosed
 	}
 	return tx.conn.CopyFrom(ctx, table, columns, src)
 }
 
-func (tx *pipelinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+// SendBatch sends b in the transaction.
+func (tx *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	return tx.conn.SendBatch(ctx, b)
 }
 
@@ -90,7 +101,7 @@ func (tx *pipelinedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchRes
 // hands it out from its own Tx, so the first call opens one on the same
 // connection (the server notes that a transaction is already in progress
 // and carries on); its commit and rollback are never used.
-func (tx *pipelinedTx) LargeObjects() pgx.LargeObjects {
+func (tx *Tx) LargeObjects() pgx.LargeObjects {
 	if tx.lo == nil {
 		lo, err := tx.conn.Begin(context.Background())
 		if err != nil {
@@ -101,37 +112,42 @@ func (tx *pipelinedTx) LargeObjects() pgx.LargeObjects {
 	return tx.lo.LargeObjects()
 }
 
-func (tx *pipelinedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+// Prepare prepares a statement on the transaction's connection.
+func (tx *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if tx.closed {
 		return nil, pgx.ErrTxClosed
 	}
 	return tx.conn.Prepare(ctx, name, sql)
 }
 
-func (tx *pipelinedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+// Exec runs a statement in the transaction.
+func (tx *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if tx.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
 	return tx.conn.Exec(ctx, sql, args...)
 }
 
-func (tx *pipelinedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+// Query runs a query in the transaction.
+func (tx *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if tx.closed {
 		return nil, pgx.ErrTxClosed
 	}
 	return tx.conn.Query(ctx, sql, args...)
 }
 
-func (tx *pipelinedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+// QueryRow runs a query in the transaction; its error surfaces at Scan.
+func (tx *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	rows, _ := tx.Query(ctx, sql, args...)
 	return rowFrom{rows}
 }
 
-func (tx *pipelinedTx) Conn() *pgx.Conn { return tx.conn }
+// Conn returns the transaction's connection.
+func (tx *Tx) Conn() *pgx.Conn { return tx.conn }
 
-// savepointTx is a pseudo nested transaction of a pipelinedTx.
+// savepointTx is a pseudo nested transaction of a Tx.
 type savepointTx struct {
-	*pipelinedTx
+	*Tx
 	name   string
 	closed bool
 }
@@ -175,7 +191,12 @@ func (r rowFrom) Scan(dest ...any) error {
 	return r.rows.Err()
 }
 
-// beginWith acquires a connection from pool and sends BEGIN and the
+// Pool hands out connections of their own: *pgxpool.Pool satisfies it.
+type Pool interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// Begin acquires a connection from pool and sends BEGIN and the
 // statement sql in one pipeline, scanning the statement's one row into
 // dest. On success the caller owns the returned transaction and must call
 // release after ending it.
@@ -183,8 +204,8 @@ func (r rowFrom) Scan(dest ...any) error {
 // The transaction's server pid goes in the same pipeline, costing no
 // round trip, on a connection not yet known to be direct: behind a pooler
 // the connection's start-up pid is the pooler's, and each transaction may
-// run in another server session (see serverPID).
-func beginWith(ctx context.Context, pool DB, sql string, args []any, dest ...any) (*pipelinedTx, func(), error) {
+// run in another server session (see ServerPID).
+func Begin(ctx context.Context, pool Pool, sql string, args []any, dest ...any) (*Tx, func(), error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("consumer: acquire connection: %w", err)
@@ -209,7 +230,7 @@ func beginWith(ctx context.Context, pool DB, sql string, args []any, dest ...any
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	tx := &pipelinedTx{conn: conn.Conn(), serverPID: pg.PID()}
+	tx := &Tx{conn: conn.Conn(), serverPID: pg.PID()}
 	if !direct {
 		tx.serverPID = pid
 		if !known && err == nil {

@@ -68,7 +68,7 @@ func (c *Consumer) shareLoop(ctx context.Context) error {
 // started are released and those in flight get ShutdownGrace before their
 // handlers' contexts are cancelled.
 func (c *Consumer) shareRound(stop context.Context, batches [][]*kgo.Record, limit int32) {
-	var open openSet
+	open := openSet{parent: &c.open}
 	work, cancelWork := context.WithCancel(context.Background())
 	defer cancelWork()
 	work = withOpenSet(work, &open)
@@ -107,7 +107,7 @@ func (c *Consumer) shareRound(stop context.Context, batches [][]*kgo.Record, lim
 	}
 	c.log.ErrorContext(stop, "consumer: share group handlers did not return after ShutdownGrace and the cancel of their contexts; rolling back their transactions",
 		slog.Duration("shutdown_grace", c.cfg.ShutdownGrace))
-	if err := c.proc.terminate(context.WithoutCancel(stop), open.pids()); err != nil {
+	if err := endSessions(context.WithoutCancel(stop), c.db, c.log, open.pids()); err != nil {
 		c.log.ErrorContext(stop, "consumer: could not end the sessions of abandoned transactions; they end when their handlers return",
 			slog.String("error", err.Error()))
 	}
@@ -134,7 +134,7 @@ func (c *Consumer) applyShared(stop, work context.Context, recs []*kgo.Record, l
 		for attempt := 1; err != nil && stop.Err() == nil && work.Err() == nil; attempt++ {
 			c.log.WarnContext(work, "consumer: record not done, retrying", slog.String("topic", rec.Topic),
 				slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset), slog.String("error", err.Error()))
-			if sleep(stop, c.proc.backoff(attempt)) != nil {
+			if sleep(stop, c.cfg.backoff(attempt)) != nil {
 				break
 			}
 			r, err = c.proc.Process(work, rec)

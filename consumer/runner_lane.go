@@ -6,6 +6,9 @@ import (
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/queue"
 )
 
 // lane takes one partition's records from the poll loop and applies them:
@@ -20,13 +23,14 @@ type lane struct {
 	halted     context.CancelFunc
 	work       context.Context
 	cancelWork context.CancelFunc
-	// open holds the sessions of the lane's open transactions.
+	// open holds the sessions of the lane's open transactions; it is part
+	// of the Consumer's.
 	open openSet
 	// wg counts the lane's workers.
 	wg sync.WaitGroup
 
 	mu sync.Mutex
-	q  *queue
+	q  *queue.Queue
 	// workers is how many of the lane's goroutines are applying records.
 	workers int
 	// commitAt is the offset last committed (one past a record), -1
@@ -37,11 +41,32 @@ type lane struct {
 }
 
 func newLane(c *Consumer, tp partition) *lane {
-	l := &lane{c: c, tp: tp, q: newQueue(c.cfg.Unordered), commitAt: -1}
+	key := orderKey
+	if c.cfg.Unordered {
+		key = nil
+	}
+	l := &lane{c: c, tp: tp, q: queue.New(key), commitAt: -1}
+	l.open.parent = &c.open
 	l.stop, l.halted = context.WithCancel(context.Background())
 	work, cancel := context.WithCancel(context.Background())
 	l.work, l.cancelWork = withOpenSet(work, &l.open), cancel
 	return l
+}
+
+// orderKey returns what orders rec against the partition's other records:
+// its aggregate (type and id, the id taken from the record key when it has
+// no id header, as the Processor does), or "" for a record with neither,
+// which goes freely.
+func orderKey(rec *kgo.Record) string {
+	id, ok := header(rec.Headers, outbox.HeaderAggregateID)
+	if !ok {
+		id = rec.Key
+	}
+	if len(id) == 0 {
+		return ""
+	}
+	typ, _ := header(rec.Headers, outbox.HeaderAggregateType)
+	return string(typ) + "\x00" + string(id)
 }
 
 // add queues recs (one fetch's records of the partition, in offset order)
@@ -53,8 +78,8 @@ func (l *lane) add(recs []*kgo.Record) {
 	if l.stopped {
 		return
 	}
-	l.q.push(recs)
-	if !l.paused && l.q.len() >= l.c.cfg.PartitionBuffer {
+	l.q.Push(recs)
+	if !l.paused && l.q.Len() >= l.c.cfg.PartitionBuffer {
 		l.paused = true
 		l.c.client.PauseFetchPartitions(map[string][]int32{l.tp.topic: {l.tp.num}})
 	}
@@ -64,7 +89,7 @@ func (l *lane) add(recs []*kgo.Record) {
 // start hands batches to new workers while there is room. Under mu.
 func (l *lane) start() {
 	for !l.stopped && l.workers < l.c.cfg.Concurrency {
-		batch := l.q.pick(l.c.cfg.BatchSize)
+		batch := l.q.Pick(l.c.cfg.BatchSize)
 		if batch == nil {
 			return
 		}
@@ -78,13 +103,13 @@ func (l *lane) start() {
 // until there is none. A record that is not done is retried alone: the
 // records of its batch after it go back to the queue for other workers,
 // so that it holds back only its own aggregate.
-func (l *lane) run(batch []*entry) {
+func (l *lane) run(batch []*queue.Entry) {
 	defer l.wg.Done()
 	recs := make([]*kgo.Record, 0, len(batch))
 	for batch != nil {
 		recs = recs[:0]
 		for _, e := range batch {
-			recs = append(recs, e.rec)
+			recs = append(recs, e.Record())
 		}
 		n, err := l.c.attempt(l.work, recs)
 		if err == nil || l.stop.Err() != nil || l.work.Err() != nil {
@@ -95,16 +120,16 @@ func (l *lane) run(batch []*entry) {
 		if len(batch) > 1 {
 			l.giveBack(append(batch[:n:n], batch[n+1:]...), n)
 		}
-		batch = l.finish([]*entry{e}, l.c.retry(l.stop, l.work, e.rec, err))
+		batch = l.finish([]*queue.Entry{e}, l.c.retry(l.stop, l.work, e.Record(), err))
 	}
 }
 
 // giveBack is finish for the records of a batch but one, which stays in
 // flight: the first n of batch are done, the rest waiting again.
-func (l *lane) giveBack(batch []*entry, n int) {
+func (l *lane) giveBack(batch []*queue.Entry, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.q.finish(batch, n)
+	l.q.Finish(batch, n)
 	l.start()
 }
 
@@ -112,17 +137,17 @@ func (l *lane) giveBack(batch []*entry, n int) {
 // fetch when the lane has room again, and returns the worker's next batch,
 // or nil when the worker is to end. It starts more workers when the batch
 // unblocked records for them.
-func (l *lane) finish(batch []*entry, n int) []*entry {
+func (l *lane) finish(batch []*queue.Entry, n int) []*queue.Entry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.q.finish(batch, n)
-	if l.paused && !l.stopped && l.q.len() <= l.c.cfg.PartitionBuffer/2 {
+	l.q.Finish(batch, n)
+	if l.paused && !l.stopped && l.q.Len() <= l.c.cfg.PartitionBuffer/2 {
 		l.paused = false
 		l.c.client.ResumeFetchPartitions(map[string][]int32{l.tp.topic: {l.tp.num}})
 	}
-	var next []*entry
+	var next []*queue.Entry
 	if !l.stopped {
-		next = l.q.pick(l.c.cfg.BatchSize)
+		next = l.q.Pick(l.c.cfg.BatchSize)
 	}
 	if next == nil {
 		l.workers--
@@ -150,10 +175,11 @@ func (l *lane) halt() {
 func (l *lane) uncommitted() *kgo.Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.q.done == nil || l.q.done.Offset+1 <= l.commitAt {
+	done := l.q.Done()
+	if done == nil || done.Offset+1 <= l.commitAt {
 		return nil
 	}
-	return l.q.done
+	return done
 }
 
 // committed notes that the offset after r is committed.
@@ -185,7 +211,7 @@ func (c *Consumer) retry(stop, work context.Context, rec *kgo.Record, err error)
 	for attempt := 1; ; attempt++ {
 		c.log.WarnContext(work, "consumer: record not done, retrying", slog.String("topic", rec.Topic),
 			slog.Int("partition", int(rec.Partition)), slog.Int64("offset", rec.Offset), slog.String("error", err.Error()))
-		if sleep(stop, c.proc.backoff(attempt)) != nil {
+		if sleep(stop, c.cfg.backoff(attempt)) != nil {
 			return 0
 		}
 		if _, err = c.proc.Process(work, rec); err == nil {

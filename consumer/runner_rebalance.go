@@ -3,11 +3,8 @@ package consumer
 import (
 	"context"
 	"log/slog"
-	"maps"
-	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -151,7 +148,7 @@ func (c *Consumer) retire(ctx context.Context, lanes []*lane, lost bool) {
 			}
 			c.log.ErrorContext(ctx, "consumer: handlers did not return after ShutdownGrace and the cancel of their contexts; rolling back their transactions and going on without them",
 				slog.Duration("shutdown_grace", grace), slog.Int("transactions", len(pids)))
-			if err := c.proc.terminate(context.WithoutCancel(ctx), pids); err != nil {
+			if err := endSessions(context.WithoutCancel(ctx), c.db, c.log, pids); err != nil {
 				c.log.ErrorContext(ctx, "consumer: could not end the sessions of abandoned transactions; they end when their handlers return",
 					slog.String("error", err.Error()))
 			}
@@ -162,85 +159,5 @@ func (c *Consumer) retire(ctx context.Context, lanes []*lane, lost bool) {
 	}
 	if !lost {
 		c.commit(ctx, lanes)
-	}
-}
-
-// within waits for done at most d.
-func within(done <-chan struct{}, d time.Duration) bool {
-	if d <= 0 {
-		select {
-		case <-done:
-			return true
-		default:
-			return false
-		}
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		return false
-	}
-}
-
-// commitLoop commits the lanes' done offsets every CommitInterval until
-// ctx ends.
-func (c *Consumer) commitLoop(ctx context.Context) {
-	every(ctx, c.cfg.CommitInterval, func() {
-		c.commitMu.Lock()
-		defer c.commitMu.Unlock()
-		c.mu.Lock()
-		lanes := slices.Collect(maps.Values(c.lanes))
-		c.mu.Unlock()
-		c.commitLocked(ctx, lanes)
-	})
-}
-
-// every runs fn every d until ctx ends.
-func every(ctx context.Context, d time.Duration, fn func()) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			fn()
-		}
-	}
-}
-
-// commit commits each lane's offset: one past the last record of its done
-// prefix.
-func (c *Consumer) commit(ctx context.Context, lanes []*lane) {
-	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
-	c.commitLocked(ctx, lanes)
-}
-
-func (c *Consumer) commitLocked(ctx context.Context, lanes []*lane) {
-	var marks []*kgo.Record
-	var from []*lane
-	for _, l := range lanes {
-		if m := l.uncommitted(); m != nil {
-			marks = append(marks, m)
-			from = append(from, l)
-		}
-	}
-	if len(marks) == 0 {
-		return
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := c.client.CommitRecords(cctx, marks...); err != nil {
-		// Not fatal: the records are applied and dedupe makes their
-		// redelivery harmless; the next commit tries again.
-		c.log.WarnContext(ctx, "consumer: commit offsets failed", slog.String("error", err.Error()))
-		return
-	}
-	for i, l := range from {
-		l.committed(marks[i])
 	}
 }

@@ -11,60 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/tables"
 )
-
-// MemberBeat is how often a running Consumer records in its database that
-// it is alive, with its assigned partitions and the records it applied;
-// MemberGone is how old its last beat may be before it counts as gone.
-const (
-	MemberBeat = 5 * time.Second
-	MemberGone = 30 * time.Second
-)
-
-// maxMembers bounds Members.
-const maxMembers = 200
-
-// Member is a running Consumer as its beats show it.
-type Member struct {
-	Consumer string `json:"consumer"`
-	// ID names the process: its host, its pid and a random suffix.
-	ID         string    `json:"member_id"`
-	Group      string    `json:"group"`
-	Host       string    `json:"host"`
-	PID        int       `json:"pid"`
-	Partitions int       `json:"partitions"`
-	Applied    int64     `json:"applied"`
-	StartedAt  time.Time `json:"started_at"`
-	// HeartbeatAt is its last beat; Live says it was within MemberGone.
-	HeartbeatAt time.Time `json:"heartbeat_at"`
-	Live        bool      `json:"live"`
-}
-
-// Members lists the members of consumer name ("" means every consumer) in
-// schema ("" means outbox.DefaultSchema), newest beat first, at most 200:
-// the processes running a Consumer now, and those that stopped without
-// saying so less than a day ago (Live false). A Consumer that stops
-// cleanly removes its row.
-func Members(ctx context.Context, db outbox.DB, schema, name string) ([]Member, error) {
-	if schema == "" {
-		schema = outbox.DefaultSchema
-	}
-	rows, err := db.Query(ctx, tables.For(schema).Members.List, tables.Filter(name), maxMembers, MemberGone.Seconds())
-	if err != nil {
-		return nil, fmt.Errorf("consumer: list members (did Migrate run?): %w", err)
-	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
-		var m Member
-		err := r.Scan(&m.Consumer, &m.ID, &m.Group, &m.Host, &m.PID, &m.Partitions, &m.Applied, &m.StartedAt, &m.HeartbeatAt, &m.Live)
-		return m, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("consumer: list members: %w", err)
-	}
-	return list, nil
-}
 
 // newMemberID names this process's member: host, pid and a random suffix,
 // so that two Consumers of one name in one process are two members.
@@ -93,17 +41,17 @@ func (c *Consumer) memberLoop(ctx context.Context) {
 		c.mu.Lock()
 		parts := len(c.lanes)
 		c.mu.Unlock()
-		applied := c.proc.applied.Load()
+		applied := c.proc.appliedCount()
 		b := &pgx.Batch{}
-		b.Queue(sql.Beat, c.proc.name, id, group, host, os.Getpid(), parts, applied)
+		b.Queue(sql.Beat, c.name, id, group, host, os.Getpid(), parts, applied)
 		if d := applied - reported; d > 0 {
-			b.Queue(sql.AddActivity, "applied", c.proc.name, time.Now(), d)
+			b.Queue(sql.AddActivity, "applied", c.name, time.Now(), d)
 		}
 		if time.Since(pruned) > time.Hour {
 			b.Queue(sql.PruneGone)
 			b.Queue(sql.PruneActivity)
 		}
-		if err := sendBatch(ctx, c.proc.db, b); err != nil {
+		if err := sendBatch(ctx, c.db, b); err != nil {
 			if ctx.Err() == nil {
 				c.log.WarnContext(ctx, "consumer: could not record this member's heartbeat; the dashboard may show it gone",
 					slog.String("member_id", id), slog.String("error", err.Error()))
@@ -121,7 +69,7 @@ func (c *Consumer) memberLoop(ctx context.Context) {
 	end, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	beat(end)
-	if _, err := c.proc.db.Exec(end, sql.Leave, c.proc.name, id); err != nil {
+	if _, err := c.db.Exec(end, sql.Leave, c.name, id); err != nil {
 		c.log.WarnContext(end, "consumer: could not remove this member's row; it shows gone after "+MemberGone.String(),
 			slog.String("member_id", id), slog.String("error", err.Error()))
 	}

@@ -1,20 +1,23 @@
-package consumer
+// Package queue orders one partition's records for the workers that apply
+// them: it hands out batches that may run now (never two records of one
+// order key at once, each key's records in offset order) and keeps the done
+// prefix, whose last record's offset is what may be committed. The
+// consumer's lanes use it; the order key is theirs to define.
+package queue
 
 import (
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/d419a114/outbox"
 )
 
-// queue is the order in which a lane applies its partition's records: it
+// Queue is the order in which a lane applies its partition's records: it
 // hands out batches of records that may run now (never two of one order
 // key at once, each key's records in offset order) and keeps the done
 // prefix, whose last record's offset is what the lane commits. Not safe
 // for concurrent use: the lane holds its mutex around every call.
-type queue struct {
+type Queue struct {
 	// entries holds the records received from the first one not done, in
 	// offset order.
-	entries []*entry
+	entries []*Entry
 	// busy counts, per order key, the records of it in flight.
 	busy map[string]int
 	// highest is the highest offset received: a record at or below it is
@@ -23,16 +26,20 @@ type queue struct {
 	highest int64
 	// done is the last record of the done prefix, nil before the first.
 	done *kgo.Record
-	// free says no record is ordered against another.
-	free bool
+	// key is the order key of a record; nil when no record is ordered
+	// against another.
+	key func(*kgo.Record) string
 }
 
-// entry is a record in a queue.
-type entry struct {
+// Entry is a record in a Queue.
+type Entry struct {
 	rec   *kgo.Record
-	key   string // orderKey(rec)
+	key   string // Queue.key(rec)
 	state entryState
 }
+
+// Record returns the entry's record.
+func (e *Entry) Record() *kgo.Record { return e.rec }
 
 type entryState uint8
 
@@ -42,53 +49,44 @@ const (
 	finished
 )
 
-// newQueue returns an empty queue; with free, every record goes freely
-// (Config.Unordered).
-func newQueue(free bool) *queue { return &queue{busy: map[string]int{}, highest: -1, free: free} }
-
-// orderKey returns what orders rec against the partition's other records:
-// its aggregate (type and id, the id taken from the record key when it has
-// no id header, as the Processor does), or "" for a record with neither,
-// which goes freely.
-func orderKey(rec *kgo.Record) string {
-	id, ok := header(rec.Headers, outbox.HeaderAggregateID)
-	if !ok {
-		id = rec.Key
-	}
-	if len(id) == 0 {
-		return ""
-	}
-	typ, _ := header(rec.Headers, outbox.HeaderAggregateType)
-	return string(typ) + "\x00" + string(id)
+// New returns an empty Queue that orders records by key: records of one
+// key go one after another in offset order, and a record whose key is ""
+// goes freely. With a nil key, every record goes freely.
+func New(key func(*kgo.Record) string) *Queue {
+	return &Queue{busy: map[string]int{}, highest: -1, key: key}
 }
 
-// push appends recs, in offset order, leaving out those at or below the
+// Push appends recs, in offset order, leaving out those at or below the
 // highest offset received.
-func (q *queue) push(recs []*kgo.Record) {
+func (q *Queue) Push(recs []*kgo.Record) {
 	for _, r := range recs {
 		if r.Offset <= q.highest {
 			continue
 		}
 		q.highest = r.Offset
-		e := &entry{rec: r}
-		if !q.free {
-			e.key = orderKey(r)
+		e := &Entry{rec: r}
+		if q.key != nil {
+			e.key = q.key(r)
 		}
 		q.entries = append(q.entries, e)
 	}
 }
 
-// len returns how many records the queue holds: waiting, in flight, or
+// Len returns how many records the queue holds: waiting, in flight, or
 // done above a record that is not.
-func (q *queue) len() int { return len(q.entries) }
+func (q *Queue) Len() int { return len(q.entries) }
 
-// pick takes up to n waiting records, in offset order, that may run now:
+// Done returns the last record of the done prefix, nil before the first
+// record is done.
+func (q *Queue) Done() *kgo.Record { return q.done }
+
+// Pick takes up to n waiting records, in offset order, that may run now:
 // none of a key with a record in flight or with an earlier record left
 // waiting. Records of one key in a batch are consecutive among that key's
 // records. It returns nil when none may run.
-func (q *queue) pick(n int) []*entry {
+func (q *Queue) Pick(n int) []*Entry {
 	var (
-		batch []*entry
+		batch []*Entry
 		// mine holds the keys this batch took: their next records may
 		// join it. A key busy in another batch stays busy through the
 		// whole scan, so none of its records is taken after one was left.
@@ -117,9 +115,9 @@ func (q *queue) pick(n int) []*entry {
 	return batch
 }
 
-// finish marks the first n entries of batch (one pick's) done and the
+// Finish marks the first n entries of batch (one Pick's) done and the
 // rest waiting again, and moves the done prefix on.
-func (q *queue) finish(batch []*entry, n int) {
+func (q *Queue) Finish(batch []*Entry, n int) {
 	for i, e := range batch {
 		if e.key != "" {
 			if q.busy[e.key]--; q.busy[e.key] <= 0 {

@@ -13,7 +13,8 @@ import (
 )
 
 // On a pool, the transaction a handler gets has its BEGIN pipelined with
-// the key claim; it must still behave as a pgx.Tx in full.
+// the key claim (internal/pgpipeline); it must still behave as a pgx.Tx in
+// full.
 func TestHandlerTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -40,7 +40,9 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 			return fmt.Errorf("consumer: replay %d: %w", id, err)
 		}
 		m.Attempt, m.Replayed = 1, true
-		r, ran, err := p.apply(ctx, tx, m, true, nil)
+		run := p.newRun(m)
+		run.tx = tx
+		r, err := run.apply(ctx)
 		var reused *SequenceReusedError
 		if errors.As(err, &reused) && !reused.Parked {
 			return fmt.Errorf("consumer: replay %d: its aggregate %s is at %d, past the letter's sequence %d (skipped by ResolveGap or applied by another event); nothing was applied: discard the letter instead: %w",
@@ -59,7 +61,7 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 			return fmt.Errorf("consumer: replay %d: its aggregate %s is at %d and still misses the sequences up to %d; nothing was applied: resolve that gap first (ResolveGap stops below this letter): %w",
 				id, m.aggregate(), last, m.Seq-1, ErrNotNext)
 		}
-		if ran {
+		if run.handlerRuns > 0 {
 			r.Attempts = 1
 		}
 		res = r
