@@ -143,7 +143,9 @@ func testRoles(t *testing.T, partitioned bool) {
 		t.Fatalf("relay: %v", err)
 	}
 	require.Len(t, recs, 3, "relay")
-	h, err := producer.ReadHealth(ctx, relayPool, db.Schema)
+	in, err := producer.NewInspector(relayPool, db.Schema)
+	require.NoError(t, err)
+	h, err := in.Health(ctx)
 	require.NoError(t, err)
 	require.Zero(t, h.Undelivered)
 

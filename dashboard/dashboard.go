@@ -101,6 +101,7 @@ type Dashboard struct {
 	pages   pages
 	letters *deadletter.Store
 	ops     *operator.Store
+	prod    *producer.Inspector
 	dead    *producer.DeadEvents
 	origin  *http.CrossOriginProtection
 	log     *slog.Logger
@@ -177,11 +178,20 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 	if err != nil {
 		return nil, err
 	}
+	prod, err := producer.NewInspector(pool, c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	dead, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: c.Schema})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
 	d := &Dashboard{
 		cfg: c, pool: pool, pages: ps, log: c.Logger,
 		letters: deadletter.New(&deadletter.Config{Schema: c.Schema}),
 		ops:     operator.New(&operator.Config{Schema: c.Schema}),
-		dead:    producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: c.Schema}),
+		prod:    prod,
+		dead:    dead,
 		origin:  http.NewCrossOriginProtection(),
 	}
 	d.mux = d.routes()

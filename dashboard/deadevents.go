@@ -56,7 +56,7 @@ func (d *Dashboard) deadEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opts.Limit, opts.Brief = d.cfg.PageSize+1, true
-	list, err := d.dead.List(r.Context(), d.pool, &opts)
+	list, err := d.prod.DeadEvents(r.Context(), &opts)
 	if err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
 		return
@@ -88,7 +88,7 @@ func (d *Dashboard) findDeadEvent(r *http.Request, id string) (*producer.DeadEve
 	if err != nil || n <= 0 {
 		return nil, &badRequest{http.StatusBadRequest, fmt.Errorf("dashboard: dead event id %q is not a number", id)}
 	}
-	list, err := d.dead.List(r.Context(), d.pool, &deadletter.ListOpts{AfterID: n - 1, Limit: 1, Brief: true})
+	list, err := d.prod.DeadEvents(r.Context(), &deadletter.ListOpts{AfterID: n - 1, Limit: 1, Brief: true})
 	if err != nil {
 		return nil, err
 	}

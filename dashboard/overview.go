@@ -25,7 +25,7 @@ type overviewData struct {
 	// be read (no producer tables in this database, say).
 	Producer    producer.Health
 	ProducerErr string
-	Relays      []producer.Instance
+	Relays      []producer.RelayInstance
 	// NoRelay is set when events wait and no relay instance is live.
 	NoRelay bool
 	// Delivered is the relays' delivered events per minute.
@@ -87,15 +87,15 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	data := overviewData{KeyRetention: d.cfg.KeyRetention, LagShown: d.cfg.Kafka != nil}
 	var err error
-	if data.Producer, err = producer.ReadHealth(ctx, d.pool, d.cfg.Schema); err != nil {
+	if data.Producer, err = d.prod.Health(ctx); err != nil {
 		data.ProducerErr = d.logged(r, err)
-	} else if data.Relays, err = producer.Instances(ctx, d.pool, d.cfg.Schema); err != nil {
+	} else if data.Relays, err = d.prod.Relays(ctx); err != nil {
 		data.ProducerErr = d.logged(r, err)
 	} else if data.Delivered, err = d.readChart(ctx, "delivered", ""); err != nil {
 		data.ProducerErr = d.logged(r, err)
 	}
 	if data.ProducerErr == "" && data.Producer.Undelivered > 0 && data.Producer.Dispatch != producer.DispatchCDC {
-		data.NoRelay = !slices.ContainsFunc(data.Relays, func(i producer.Instance) bool { return i.Live })
+		data.NoRelay = !slices.ContainsFunc(data.Relays, func(i producer.RelayInstance) bool { return i.Live })
 	}
 	if data.Members, err = consumer.Members(ctx, d.pool, d.cfg.Schema, ""); err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)

@@ -145,10 +145,12 @@ func benchRelayDrain(b *testing.B) {
 				_, err := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}).Write(ctx, tx, events...)
 				return err
 			}))
+			in, err := producer.NewInspector(db.Pool, db.Schema)
+			require.NoError(b, err)
 			start := time.Now()
 			deadline := start.Add(time.Minute)
 			for {
-				h, err := producer.ReadHealth(ctx, db.Pool, db.Schema)
+				h, err := in.Health(ctx)
 				require.NoError(b, err)
 				if h.Undelivered == 0 {
 					break

@@ -75,8 +75,8 @@ type HealthConfig struct {
 
 // HealthCollector is a prometheus.Collector of the outbox's state as only
 // the database and the broker know it: the producer side's
-// producer.ReadHealth, each named consumer's consumer.ReadHealth and, when
-// configured, consumer group lag per partition. Register it on a
+// producer.Inspector.Health, each named consumer's consumer.ReadHealth
+// and, when configured, consumer group lag per partition. Register it on a
 // prometheus.Registerer; names.go lists its metrics.
 //
 // It samples on scrape, not on a timer of its own: there is nothing to
@@ -93,6 +93,8 @@ type HealthCollector struct {
 	db  consumer.DB
 	cfg HealthConfig
 	log *slog.Logger
+	// producer reads the producer's tables of cfg.Schema.
+	producer *producer.Inspector
 
 	// mu is held by the scrape that takes a sample, and last is read and
 	// written under it.
@@ -158,10 +160,14 @@ func NewHealthCollector(db consumer.DB, cfg *HealthConfig) (*HealthCollector, er
 	if log == nil {
 		log = slog.Default()
 	}
+	reads, err := producer.NewInspector(db, c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("outboxprom: HealthConfig.Schema: %w", err)
+	}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
-	return &HealthCollector{db: db, cfg: c, log: log,
+	return &HealthCollector{db: db, cfg: c, log: log, producer: reads,
 		up: desc(HealthUp, "1 when the last sample of the source was read, 0 when reading it failed (its other metrics are then left out).",
 			LabelSource, LabelName),
 		undelivered:    desc(EventsUndelivered, "Events the broker has not acknowledged."),
@@ -325,9 +331,9 @@ func (h *HealthCollector) read() *healthSample {
 		wg.Go(func() {
 			var v producerState
 			var err error
-			if v.Health, err = producer.ReadHealth(ctx, h.db, h.cfg.Schema); err == nil {
-				var relays []producer.Instance
-				relays, err = producer.Instances(ctx, h.db, h.cfg.Schema)
+			if v.Health, err = h.producer.Health(ctx); err == nil {
+				var relays []producer.RelayInstance
+				relays, err = h.producer.Relays(ctx)
 				for _, r := range relays {
 					if r.Live {
 						v.relaysLive++

@@ -17,7 +17,7 @@ import (
 // DeadEvent is an event the relay gave up on: the producer's side of what
 // deadletter.Letter is for a consumer, with the same names where they mean
 // the same (Seq, Error, Attempts, LastFailedAt, Status, ResolvedAt).
-// Its JSON names are its fields' in snake_case, as the CLI's -o json
+// Inspector.DeadEvents and Inspector.DeadEvent read them. Its JSON names are its fields' in snake_case, as the CLI's -o json
 // prints them and as it prints a letter's.
 type DeadEvent struct {
 	ID             int64             `db:"id" json:"id"`
@@ -55,32 +55,32 @@ type DeadEventsConfig struct {
 	Schema string
 }
 
-// DeadEvents lists and resolves the dead events of one schema, in the
-// database handle each call is given, as deadletter.Store does for the
-// consumer's dead letters.
+// DeadEvents holds the operator's verbs on the dead events of one schema:
+// Replay and Discard. Reading them is Inspector's (DeadEvents, DeadEvent).
+// Each verb takes its database handle, so that it can commit in the
+// caller's transaction together with what records it (an audit row of
+// package operator, as the dashboard writes one).
 type DeadEvents struct {
 	sql tables.DeadEvents
 }
 
-// NewDeadEvents returns the dead events of cfg's schema (nil means the
-// defaults).
-func NewDeadEvents(cfg *DeadEventsConfig) *DeadEvents {
+// NewDeadEvents returns the verbs on the dead events of cfg's schema (nil
+// means the defaults). It refuses a schema name longer than PostgreSQL
+// keeps.
+func NewDeadEvents(cfg *DeadEventsConfig) (*DeadEvents, error) {
 	schema := outbox.DefaultSchema
 	if cfg != nil && cfg.Schema != "" {
 		schema = cfg.Schema
 	}
-	return &DeadEvents{sql: tables.ProducerFor(schema).DeadEvents}
+	if err := tables.CheckSchema(schema); err != nil {
+		return nil, fmt.Errorf("producer: NewDeadEvents: %w", err)
+	}
+	return &DeadEvents{sql: tables.ProducerFor(schema).DeadEvents}, nil
 }
 
-// List returns the dead events that opts (nil: all) matches, in id order.
-// It takes the consumer's filter, deadletter.ListOpts, and of it only
-// Status, AggregateType, AggregateID, AfterID (only events with a larger
-// id), Brief and Limit (default 100); a filter on another field is refused
-// with an error, not ignored. Brief reads only the first 256 bytes of each
-// payload (DeadEvent.PayloadSize keeps its whole size) and of its error,
-// and no headers: a listing's memory is then bounded whatever the events
-// hold.
-func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *deadletter.ListOpts) ([]DeadEvent, error) {
+// listDead reads the dead events that opts (nil: all) matches with sql;
+// Inspector.DeadEvents says which filters it takes.
+func listDead(ctx context.Context, db outbox.DB, sql tables.DeadEvents, opts *deadletter.ListOpts) ([]DeadEvent, error) {
 	o := deadletter.ListOpts{}
 	if opts != nil {
 		o = *opts
@@ -89,11 +89,11 @@ func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *deadletter.Li
 		return nil, err
 	}
 	setDefault(&o.Limit, 100)
-	sql := d.sql.List
+	stmt := sql.List
 	if o.Brief {
-		sql = d.sql.ListBrief
+		stmt = sql.ListBrief
 	}
-	rows, err := db.Query(ctx, sql, tables.Filter(string(o.Status)), tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), o.AfterID, o.Limit)
+	rows, err := db.Query(ctx, stmt, tables.Filter(string(o.Status)), tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), o.AfterID, o.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("producer: list dead events: %w", err)
 	}
@@ -104,8 +104,8 @@ func (d *DeadEvents) List(ctx context.Context, db outbox.DB, opts *deadletter.Li
 	return list, nil
 }
 
-// checkDeadFilter refuses a filter that List cannot apply to dead events:
-// a consumer's fields, or a Status that is none of deadletter's.
+// checkDeadFilter refuses a filter that listDead cannot apply to dead
+// events: a consumer's fields, or a Status that is none of deadletter's.
 func checkDeadFilter(o *deadletter.ListOpts) error {
 	if err := o.Check(); err != nil {
 		return fmt.Errorf("producer: list dead events: %w", err)
@@ -127,14 +127,10 @@ func checkDeadFilter(o *deadletter.ListOpts) error {
 	return nil
 }
 
-// Get returns dead event id whole, or an error wrapping outbox.ErrNotFound.
-func (d *DeadEvents) Get(ctx context.Context, db outbox.DB, id int64) (*DeadEvent, error) {
-	return d.find(ctx, db, id, false)
-}
-
-// find reads dead event id, as a Brief listing does when brief is set.
-func (d *DeadEvents) find(ctx context.Context, db outbox.DB, id int64, brief bool) (*DeadEvent, error) {
-	list, err := d.List(ctx, db, &deadletter.ListOpts{AfterID: id - 1, Limit: 1, Brief: brief})
+// findDead reads dead event id with sql, as a Brief listing does when
+// brief is set, or returns an error wrapping outbox.ErrNotFound.
+func findDead(ctx context.Context, db outbox.DB, sql tables.DeadEvents, id int64, brief bool) (*DeadEvent, error) {
+	list, err := listDead(ctx, db, sql, &deadletter.ListOpts{AfterID: id - 1, Limit: 1, Brief: brief})
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +180,7 @@ func (d *DeadEvents) Discard(ctx context.Context, db outbox.DB, id int64) error 
 // event in status dead: outbox.ErrNotFound when there is none,
 // deadletter.ErrResolved when it was resolved already.
 func (d *DeadEvents) notDead(ctx context.Context, db outbox.DB, verb string, id int64) error {
-	e, err := d.find(ctx, db, id, true)
+	e, err := findDead(ctx, db, d.sql, id, true)
 	switch {
 	case errors.Is(err, outbox.ErrNotFound):
 		return fmt.Errorf("producer: %s dead event %d: %w", verb, id, outbox.ErrNotFound)

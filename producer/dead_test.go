@@ -10,7 +10,6 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
-	"github.com/d419a114/outbox/producer"
 )
 
 func TestDeadEvents(t *testing.T) {
@@ -22,11 +21,11 @@ func TestDeadEvents(t *testing.T) {
 		VALUES (7, gen_random_uuid(), 'k7', 'order', 'a', 1, 'placed', 'p', '{}', now(), 3, 'MESSAGE_TOO_LARGE', true, 'dead'),
 		       (8, gen_random_uuid(), 'k8', 'order', 'b', 1, 'placed', 'p', '{}', now(), 3, 'MESSAGE_TOO_LARGE', true, 'discarded')`)
 	require.NoError(t, err)
-	dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: db.Schema})
+	in, dead := inspector(t, db), deadEvents(t, db)
 
 	t.Run("ListTakesTheLettersFilterAndRefusesWhatDoesNotApply", func(t *testing.T) {
 		t.Parallel()
-		list, err := dead.List(ctx, db.Pool, &deadletter.ListOpts{Status: deadletter.StatusDead, AggregateType: "order"})
+		list, err := in.DeadEvents(ctx, &deadletter.ListOpts{Status: deadletter.StatusDead, AggregateType: "order"})
 		require.NoError(t, err)
 		require.Len(t, list, 1)
 		e := list[0]
@@ -35,16 +34,38 @@ func TestDeadEvents(t *testing.T) {
 		require.Equal(t, "MESSAGE_TOO_LARGE", e.Error)
 		require.False(t, e.LastFailedAt.IsZero())
 
-		_, err = dead.List(ctx, db.Pool, &deadletter.ListOpts{Consumer: "svc", Reason: deadletter.ReasonHandler})
+		_, err = in.DeadEvents(ctx, &deadletter.ListOpts{Consumer: "svc", Reason: deadletter.ReasonHandler})
 		require.EqualError(t, err, "producer: list dead events: ListOpts.Consumer, ListOpts.Reason filters only a consumer's dead letters; "+
 			"filter dead events by Status, AggregateType and AggregateID")
-		_, err = dead.List(ctx, db.Pool, &deadletter.ListOpts{Status: "gone"})
+		_, err = in.DeadEvents(ctx, &deadletter.ListOpts{Status: "gone"})
 		require.ErrorContains(t, err, `unknown status "gone"`)
+	})
+
+	t.Run("PagesByIDAndReadsOneWhole", func(t *testing.T) {
+		t.Parallel()
+		page, err := in.DeadEvents(ctx, &deadletter.ListOpts{Limit: 1})
+		require.NoError(t, err)
+		require.Len(t, page, 1)
+		require.Equal(t, int64(7), page[0].ID)
+		page, err = in.DeadEvents(ctx, &deadletter.ListOpts{AfterID: page[0].ID, Limit: 1, Brief: true})
+		require.NoError(t, err)
+		require.Len(t, page, 1)
+		require.Equal(t, int64(8), page[0].ID)
+		require.Nil(t, page[0].Headers, "a brief page reads no headers")
+		page, err = in.DeadEvents(ctx, &deadletter.ListOpts{AfterID: 8})
+		require.NoError(t, err)
+		require.Empty(t, page)
+
+		e, err := in.DeadEvent(ctx, 8)
+		require.NoError(t, err)
+		require.Equal(t, deadletter.StatusDiscarded, e.Status, "any status")
+		require.NotNil(t, e.Headers, "whole")
+		require.Equal(t, []byte("p"), e.Payload)
 	})
 
 	t.Run("JSONNamesAreTheLettersNames", func(t *testing.T) {
 		t.Parallel()
-		e, err := dead.Get(ctx, db.Pool, 7)
+		e, err := in.DeadEvent(ctx, 7)
 		require.NoError(t, err)
 		b, err := json.Marshal(e)
 		require.NoError(t, err)
@@ -55,9 +76,9 @@ func TestDeadEvents(t *testing.T) {
 		}
 	})
 
-	t.Run("GetAndResolveSayNotFoundOrResolved", func(t *testing.T) {
+	t.Run("ReadAndResolveSayNotFoundOrResolved", func(t *testing.T) {
 		t.Parallel()
-		_, err := dead.Get(ctx, db.Pool, 9)
+		_, err := in.DeadEvent(ctx, 9)
 		require.ErrorIs(t, err, outbox.ErrNotFound)
 		require.EqualError(t, err, "producer: dead event 9: outbox: not found")
 		err = dead.Replay(ctx, db.Pool, 9)

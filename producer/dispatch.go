@@ -85,7 +85,8 @@ func (e *SlotLagError) Error() string {
 		e.Slot, e.Pending, e.LagBytes)
 }
 
-// DispatchState is a schema's dispatch mode, as ReadDispatch returns it.
+// DispatchState is a schema's dispatch mode, as Inspector.Dispatch reads
+// it.
 type DispatchState struct {
 	// Mode is who publishes the schema's events.
 	Mode Dispatch
@@ -96,19 +97,16 @@ type DispatchState struct {
 	ChangedAt time.Time
 }
 
-// ReadDispatch returns the dispatch mode of schema ("" means
-// outbox.DefaultSchema). A schema migrated by a build before the mode
-// existed (no dispatch table) is DispatchRelay.
-func ReadDispatch(ctx context.Context, db outbox.DB, schema string) (DispatchState, error) {
-	if schema == "" {
-		schema = outbox.DefaultSchema
-	}
+// readDispatch reads the dispatch mode of schema with sql, for
+// Inspector.Dispatch and the relay. A schema migrated by a build before
+// the mode existed (no dispatch table) is DispatchRelay.
+func readDispatch(ctx context.Context, db outbox.DB, sql tables.Dispatch, schema string) (DispatchState, error) {
 	var (
 		st   DispatchState
 		mode string
 		slot *string
 	)
-	err := db.QueryRow(ctx, tables.ProducerFor(schema).Dispatch.Read).Scan(&mode, &slot, &st.ChangedAt)
+	err := db.QueryRow(ctx, sql.Read).Scan(&mode, &slot, &st.ChangedAt)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedTable:
@@ -445,7 +443,7 @@ func checkCDCReady(ctx context.Context, tx pgx.Tx, schema, slot string) error {
 		return fmt.Errorf("producer: SetDispatch: count undelivered events: %w", err)
 	}
 	if undelivered > 0 {
-		return fmt.Errorf("producer: SetDispatch: %d events are undelivered and would never be published after the switch; with the connector streaming, let the relay deliver them (producer.ReadHealth says when Undelivered is 0) and call again", undelivered)
+		return fmt.Errorf("producer: SetDispatch: %d events are undelivered and would never be published after the switch; with the connector streaming, let the relay deliver them (Inspector.Health says when Undelivered is 0) and call again", undelivered)
 	}
 	return nil
 }

@@ -35,11 +35,11 @@ func TestDispatch(t *testing.T) {
 	t.Run("NewSchemaIsRelayMode", func(t *testing.T) {
 		t.Parallel()
 		db := pgtest.New(t, nil)
-		st, err := producer.ReadDispatch(ctx, db.Pool, db.Schema)
+		st, err := inspector(t, db).Dispatch(ctx)
 		require.NoError(t, err)
 		require.Equal(t, producer.DispatchRelay, st.Mode)
 		require.Empty(t, st.Slot)
-		h, err := producer.ReadHealth(ctx, db.Pool, db.Schema)
+		h, err := inspector(t, db).Health(ctx)
 		require.NoError(t, err)
 		require.Equal(t, producer.DispatchRelay, h.Dispatch)
 		require.Empty(t, h.CDCSlot)
@@ -65,7 +65,7 @@ func TestDispatch(t *testing.T) {
 				require.ErrorContains(t, err, tc.want)
 			})
 		}
-		st, err := producer.ReadDispatch(ctx, db.Pool, db.Schema)
+		st, err := inspector(t, db).Dispatch(ctx)
 		require.NoError(t, err)
 		require.Equal(t, producer.DispatchRelay, st.Mode, "a refused switch changes nothing")
 	})
@@ -107,7 +107,7 @@ func TestDispatch(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, []row{{tc.want, true}, {tc.want, true}, {tc.want, true}}, rows, tc.name)
 		}
-		h, err := producer.ReadHealth(ctx, db.Pool, db.Schema)
+		h, err := inspector(t, db).Health(ctx)
 		require.NoError(t, err)
 		require.Zero(t, h.Undelivered, "in CDC mode nothing waits for a relay")
 		require.Zero(t, h.OldestUndelivered)

@@ -42,4 +42,12 @@
 //
 // LISTEN and session advisory locks need a real session: behind PgBouncer in
 // transaction mode, set RelayConfig.SessionConfig to a direct connection.
+//
+// # Reading and resolving
+//
+// An Inspector, built once from any outbox.DB and the schema, answers what
+// an operator or a monitoring agent asks: the schema's Health, its Dispatch
+// mode, its Relays and its dead events. Replay and Discard of a dead event
+// are DeadEvents', which take the database handle per call so that a
+// resolution commits in the caller's transaction, with its audit row.
 package producer

@@ -148,6 +148,22 @@ CREATE TRIGGER fail_updates AFTER UPDATE OF `+column+` ON `+b.db.Table("events")
 	}
 }
 
+// inspector returns the Inspector of db's schema on its pool.
+func inspector(t testing.TB, db *pgtest.DB) *producer.Inspector {
+	t.Helper()
+	in, err := producer.NewInspector(db.Pool, db.Schema)
+	require.NoError(t, err)
+	return in
+}
+
+// deadEvents returns the verbs on the dead events of db's schema.
+func deadEvents(t testing.TB, db *pgtest.DB) *producer.DeadEvents {
+	t.Helper()
+	d, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: db.Schema})
+	require.NoError(t, err)
+	return d
+}
+
 func (b *bundle) undelivered(t testing.TB) int {
 	t.Helper()
 	var n int

@@ -2,22 +2,16 @@ package producer
 
 import (
 	"cmp"
-	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/d419a114/outbox"
-	"github.com/d419a114/outbox/internal/tables"
 )
 
-// Health is the producer side's state, as read from the health view.
+// Health is the producer side's state, as Inspector.Health reads it from
+// the health view.
 //
 // Alert on OldestUndelivered (say, over five minutes) and on Dead > 0, not
 // on Undelivered: a large backlog that drains fast is healthy, and a single
@@ -64,52 +58,6 @@ type Health struct {
 	// CDCLagBytes is how far the connector's confirmed position is behind
 	// the server's current one, in WAL bytes; 0 as for CDCRetainedWALBytes.
 	CDCLagBytes int64
-}
-
-// ReadHealth reads the health view of schema ("" means
-// outbox.DefaultSchema). The same numbers are one SELECT away for a
-// monitoring agent: SELECT * FROM outbox.health.
-func ReadHealth(ctx context.Context, db outbox.DB, schema string) (Health, error) {
-	if schema == "" {
-		schema = outbox.DefaultSchema
-	}
-	var (
-		h                Health
-		oldest           float64
-		mode             string
-		slot             *string
-		retained, lagged *int64
-	)
-	sql := tables.ProducerFor(schema).Health
-	err := db.QueryRow(ctx, sql.Read).
-		Scan(&h.Undelivered, &oldest, &h.Dead, &mode, &slot, &h.CDCSlotActive, &retained, &lagged)
-	if err != nil {
-		return Health{}, fmt.Errorf("producer: read health (%s): %w", migrateHint(err), err)
-	}
-	h.OldestUndelivered = time.Duration(oldest * float64(time.Second))
-	if h.Undelivered > 0 {
-		err := db.QueryRow(ctx, sql.OldestError).
-			Scan(&h.OldestUndeliveredError)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return Health{}, fmt.Errorf("producer: read health: last error of the oldest undelivered event: %w", err)
-		}
-	}
-	h.Dispatch = Dispatch(mode)
-	if slot != nil {
-		h.CDCSlot = *slot
-	}
-	if h.Dispatch == DispatchCDC {
-		if err := db.QueryRow(ctx, sql.SlotExists, h.CDCSlot).Scan(&h.CDCSlotExists); err != nil {
-			return Health{}, fmt.Errorf("producer: read health: look up slot %q: %w", h.CDCSlot, err)
-		}
-	}
-	if retained != nil {
-		h.CDCRetainedWALBytes = *retained
-	}
-	if lagged != nil {
-		h.CDCLagBytes = *lagged
-	}
-	return h, nil
 }
 
 // RelayHealth is a running relay's own account of its share of the work,

@@ -90,7 +90,7 @@ func TestRelayMissingTopic(t *testing.T) {
 	require.Equal(t, missing, failing[0].Topic)
 	require.Contains(t, failing[0].Error, cause)
 	require.GreaterOrEqual(t, failing[0].Failures, 3)
-	h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
+	h, err := inspector(t, b.db).Health(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, h.Undelivered)
 	require.Contains(t, h.OldestUndeliveredError, cause)

@@ -125,7 +125,9 @@ type Relay struct {
 	cfg    RelayConfig
 	log    *slog.Logger
 	sql    tables.Relay
-	retry  backoff.Policy
+	// dispatch reads the schema's dispatch mode (checkDispatch).
+	dispatch tables.Dispatch
+	retry    backoff.Policy
 	// lockKey namespaces the bucket locks by schema.
 	lockKey int32
 	// health is what Health returns; the goroutine running Run stores it.
@@ -214,15 +216,17 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	sql := tables.ProducerFor(c.Schema)
 	return &Relay{
-		pool:    pool,
-		client:  client,
-		cfg:     c,
-		log:     c.Logger.With(slog.String("relay_id", c.RelayID)),
-		sql:     tables.ProducerFor(c.Schema).Relay,
-		retry:   backoff.Policy{Min: c.MinBackoff, Max: c.MaxBackoff},
-		lockKey: schemaLockKey(c.Schema),
-		trace:   newRelayTracers(c.Tracer),
+		pool:     pool,
+		client:   client,
+		cfg:      c,
+		log:      c.Logger.With(slog.String("relay_id", c.RelayID)),
+		sql:      sql.Relay,
+		dispatch: sql.Dispatch,
+		retry:    backoff.Policy{Min: c.MinBackoff, Max: c.MaxBackoff},
+		lockKey:  schemaLockKey(c.Schema),
+		trace:    newRelayTracers(c.Tracer),
 	}, nil
 }
 
@@ -292,7 +296,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // and in CDC mode the relay finds nothing to claim anyway (events are
 // written as published).
 func (r *Relay) checkDispatch(ctx context.Context) error {
-	st, err := ReadDispatch(ctx, r.pool, r.cfg.Schema)
+	st, err := readDispatch(ctx, r.pool, r.dispatch, r.cfg.Schema)
 	if err != nil {
 		r.logError(ctx, "relay: read the dispatch mode, will check again at the next rebalance", err)
 		return nil

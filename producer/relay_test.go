@@ -269,11 +269,11 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		for i := range 3 {
 			b.write(t, b.event("sick"), b.event(aggName(i)))
 		}
-		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: b.db.Schema})
+		in, dead := inspector(t, b.db), deadEvents(t, b.db)
 		var list []producer.DeadEvent
 		waitFor(t, 30*time.Second, "the poison event dead", func() bool {
 			var err error
-			list, err = dead.List(ctx, b.db.Pool, &deadletter.ListOpts{Status: deadletter.StatusDead})
+			list, err = in.DeadEvents(ctx, &deadletter.ListOpts{Status: deadletter.StatusDead})
 			require.NoError(t, err)
 			return len(list) == 1
 		})
@@ -284,7 +284,7 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 
 		// Other aggregates flow; the sick aggregate's later events wait.
 		waitFor(t, 30*time.Second, "healthy aggregates delivered", func() bool { return b.undelivered(t) == 3 })
-		h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
+		h, err := in.Health(ctx)
 		require.NoError(t, err)
 		require.Equal(t, producer.Health{Undelivered: 3, Dead: 1, OldestUndelivered: h.OldestUndelivered, Dispatch: producer.DispatchRelay}, h)
 		require.Positive(t, h.OldestUndelivered)
@@ -319,8 +319,9 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		}
 		b.write(t, held...)
 		b.startRelay(t, &producer.RelayConfig{BatchSize: 10, MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond})
+		in := inspector(t, b.db)
 		waitFor(t, 30*time.Second, "the poison event dead", func() bool {
-			h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
+			h, err := in.Health(ctx)
 			require.NoError(t, err)
 			return h.Dead == 1
 		})
@@ -339,9 +340,9 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		poison.Topic = poisonTopic
 		b.write(t, poison, b.event("sick"))
 		b.startRelay(t, &producer.RelayConfig{MaxAttempts: 2, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, PollInterval: 20 * time.Millisecond})
-		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: b.db.Schema})
+		in, dead := inspector(t, b.db), deadEvents(t, b.db)
 		deadOnes := func() []producer.DeadEvent {
-			list, err := dead.List(ctx, b.db.Pool, &deadletter.ListOpts{Status: deadletter.StatusDead})
+			list, err := in.DeadEvents(ctx, &deadletter.ListOpts{Status: deadletter.StatusDead})
 			require.NoError(t, err)
 			return list
 		}
@@ -604,13 +605,13 @@ VALUES ('alive', now() + interval '1 hour', $1), ('dead', now() + interval '1 ho
 		require.Len(t, records, 1)
 		seq, _ := header(records[0], outbox.HeaderAggregateSeq)
 		require.Equal(t, "2", seq, "the later event went out, leaving a gap")
-		dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: b.db.Schema})
-		list, err := dead.List(ctx, b.db.Pool, nil)
+		dead := deadEvents(t, b.db)
+		list, err := inspector(t, b.db).DeadEvents(ctx, nil)
 		require.NoError(t, err)
 		require.Len(t, list, 1)
 		require.False(t, list[0].Hold)
 		require.NoError(t, dead.Discard(ctx, b.db.Pool, list[0].ID))
-		h, err := producer.ReadHealth(ctx, b.db.Pool, b.db.Schema)
+		h, err := inspector(t, b.db).Health(ctx)
 		require.NoError(t, err)
 		require.Zero(t, h.Dead)
 	})

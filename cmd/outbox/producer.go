@@ -49,7 +49,11 @@ func migrate(ctx context.Context, e *env) error {
 }
 
 func health(ctx context.Context, e *env) error {
-	h, err := producer.ReadHealth(ctx, e.pool, e.schema)
+	in, err := producer.NewInspector(e.pool, e.schema)
+	if err != nil {
+		return err
+	}
+	h, err := in.Health(ctx)
 	if err != nil {
 		return err
 	}
@@ -69,8 +73,11 @@ func deadList(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	list, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema}).List(ctx, e.pool,
-		&deadletter.ListOpts{Status: status, AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit, Brief: true})
+	in, err := producer.NewInspector(e.pool, e.schema)
+	if err != nil {
+		return err
+	}
+	list, err := in.DeadEvents(ctx, &deadletter.ListOpts{Status: status, AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit, Brief: true})
 	if err != nil {
 		return err
 	}
@@ -91,7 +98,10 @@ func deadResolve(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	dead := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema})
+	dead, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: e.schema})
+	if err != nil {
+		return err
+	}
 	entry := &operator.Entry{Actor: e.by, Action: operator.ReplayEvent, Outcome: operator.OutcomeReplayed, Detail: fmt.Sprintf("dead event %d", id)}
 	if e.cmd == "dead replay" {
 		err = dead.Replay(ctx, e.pool, id)

@@ -171,9 +171,13 @@ func run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "revenue: %d orders, %d cents (each effect applied once)\n", orders, cents)
 
 	// The relay marks a batch right after the broker acknowledges it.
+	inspector, err := producer.NewInspector(pool, "")
+	if err != nil {
+		return err
+	}
 	var h producer.Health
 	for h.Undelivered = -1; h.Undelivered != 0; time.Sleep(10 * time.Millisecond) {
-		if h, err = producer.ReadHealth(waitCtx, pool, ""); err != nil {
+		if h, err = inspector.Health(waitCtx); err != nil {
 			return err
 		}
 	}

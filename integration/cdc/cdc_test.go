@@ -264,7 +264,9 @@ func TestSetDispatchChecks(t *testing.T) {
 			require.NoError(t, err)
 
 			require.NoError(t, producer.SetDispatch(ctx, db.Pool, producer.DispatchCDC, cfg))
-			h, err := producer.ReadHealth(ctx, db.Pool, db.Schema)
+			in, err := producer.NewInspector(db.Pool, db.Schema)
+			require.NoError(t, err)
+			h, err := in.Health(ctx)
 			require.NoError(t, err)
 			require.Equal(t, producer.DispatchCDC, h.Dispatch)
 			require.Equal(t, slot, h.CDCSlot)
@@ -279,7 +281,7 @@ func TestSetDispatchChecks(t *testing.T) {
 					producer.Event{AggregateType: "a", AggregateID: "1", EventType: "x", Payload: big})
 				return err
 			}))
-			h, err = producer.ReadHealth(ctx, db.Pool, db.Schema)
+			h, err = in.Health(ctx)
 			require.NoError(t, err)
 			require.Zero(t, h.Undelivered, "CDC mode: events are written as published")
 			require.Greater(t, h.CDCRetainedWALBytes, int64(64<<10))
@@ -297,7 +299,7 @@ func TestSetDispatchChecks(t *testing.T) {
 					producer.Event{AggregateType: "a", AggregateID: "1", EventType: "x"})
 				return err
 			}))
-			h, err = producer.ReadHealth(ctx, db.Pool, db.Schema)
+			h, err = in.Health(ctx)
 			require.NoError(t, err)
 			require.Equal(t, producer.DispatchRelay, h.Dispatch)
 			require.EqualValues(t, 1, h.Undelivered, "relay mode: a new event waits for a relay")

@@ -48,9 +48,11 @@ func TestSwitchBackChecksSlot(t *testing.T) {
 				_, err := db.Pool.Exec(ctx, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
 				require.NoError(t, err)
 			}
+			in, err := producer.NewInspector(db.Pool, db.Schema)
+			require.NoError(t, err)
 			mode := func() producer.Dispatch {
 				t.Helper()
-				st, err := producer.ReadDispatch(ctx, db.Pool, db.Schema)
+				st, err := in.Dispatch(ctx)
 				require.NoError(t, err)
 				return st.Mode
 			}
@@ -95,7 +97,7 @@ func TestSwitchBackChecksSlot(t *testing.T) {
 			}
 			require.Equal(t, producer.DispatchRelay, mode())
 			write(false, "seq-2")
-			h, err := producer.ReadHealth(ctx, db.Pool, db.Schema)
+			h, err := in.Health(ctx)
 			require.NoError(t, err)
 			require.EqualValues(t, 1, h.Undelivered, "relay mode: a new event waits for a relay")
 

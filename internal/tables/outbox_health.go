@@ -1,6 +1,7 @@
 package tables
 
-// OutboxHealth are the reads of producer.ReadHealth and producer.Instances.
+// OutboxHealth are the reads of producer.Inspector.Health and
+// producer.Inspector.Relays.
 type OutboxHealth struct {
 	// Read reads the health view.
 	Read string

@@ -11,12 +11,13 @@ import (
 	"github.com/d419a114/outbox/producer"
 )
 
-func TestInstances(t *testing.T) {
+func TestInspectorRelays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := newBundle(t, 1)
+	in := inspector(t, b.db)
 
-	list, err := producer.Instances(ctx, b.db.Pool, b.db.Schema)
+	list, err := in.Relays(ctx)
 	require.NoError(t, err)
 	require.Empty(t, list)
 
@@ -25,7 +26,7 @@ func TestInstances(t *testing.T) {
 	stopA := b.startRelay(t, &producer.RelayConfig{RelayID: "a", RebalanceInterval: every})
 	b.startRelay(t, &producer.RelayConfig{RelayID: "b", RebalanceInterval: every})
 	eventually.True(t, 20*time.Second, func() bool {
-		list, err = producer.Instances(ctx, b.db.Pool, b.db.Schema)
+		list, err = in.Relays(ctx)
 		require.NoError(t, err)
 		return len(list) == 2 && len(list[0].Buckets) == 32 && len(list[1].Buckets) == 32
 	}, "two relays with 32 buckets each")
@@ -45,7 +46,7 @@ func TestInstances(t *testing.T) {
 	// The relay that stops gives its buckets up; the other takes them all.
 	stopA()
 	eventually.True(t, 20*time.Second, func() bool {
-		list, err = producer.Instances(ctx, b.db.Pool, b.db.Schema)
+		list, err = in.Relays(ctx)
 		require.NoError(t, err)
 		return len(list) == 1 && list[0].RelayID == "b" && len(list[0].Buckets) == 64
 	}, "relay b holds every bucket")
