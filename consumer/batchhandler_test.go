@@ -11,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/consumer"
-	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 )
@@ -85,7 +84,7 @@ func TestBatchHandler(t *testing.T) {
 			require.Equal(t, 3, distinct)
 			require.Equal(t, []int64{1, 2}, e.seqs(t, "good"))
 
-			letters, err := p.DeadLetters(ctx, nil)
+			letters, err := lettersOf(ctx, p, nil)
 			require.NoError(t, err)
 			require.Len(t, letters, 1)
 			require.Equal(t, "x1", letters[0].IdempotencyKey)
@@ -234,7 +233,7 @@ func TestConsumerWithBatchHandler(t *testing.T) {
 		}
 	}
 	require.LessOrEqual(t, withPoison, 1, "after HandleBatch failed, one by one through Handle")
-	letters, err := deadletter.New(&deadletter.Config{Schema: b.db.Schema}).List(ctx, b.db.Pool, nil)
+	letters, err := mustInspector(t, b.db.Pool, b.db.Schema).Letters(ctx, nil)
 	require.NoError(t, err)
 	require.Len(t, letters, 1)
 	require.Equal(t, "poison-1", letters[0].IdempotencyKey)

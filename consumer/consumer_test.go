@@ -14,7 +14,6 @@ import (
 	"go.uber.org/mock/gomock"
 
 	"github.com/d419a114/outbox/consumer"
-	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pgtest"
@@ -368,7 +367,7 @@ func TestConsumer(t *testing.T) {
 				eventually.True(t, 30*time.Second, func() bool { return b.committed(t) == int64(len(recs)) })
 				rows, _ := b.effects.count(t)
 				require.Equal(t, 60, rows)
-				letters, err := deadletter.New(&deadletter.Config{Schema: b.db.Schema}).List(ctx, b.db.Pool, nil)
+				letters, err := mustInspector(t, b.db.Pool, b.db.Schema).Letters(ctx, nil)
 				require.NoError(t, err)
 				reasons := map[string]string{}
 				for _, l := range letters {
@@ -437,7 +436,7 @@ func TestConsumer(t *testing.T) {
 		rows, _ = b.effects.count(t)
 		require.Equal(t, 12, rows, "the other records applied once")
 		require.Equal(t, 3, b.effects.callsOf("poison-1"), "MaxAttempts handler runs, the batch's included")
-		letters, err := deadletter.New(&deadletter.Config{Schema: b.db.Schema}).List(ctx, b.db.Pool, nil)
+		letters, err := mustInspector(t, b.db.Pool, b.db.Schema).Letters(ctx, nil)
 		require.NoError(t, err)
 		require.Len(t, letters, 1)
 		require.Equal(t, 3, letters[0].Attempts)

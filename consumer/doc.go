@@ -73,6 +73,14 @@
 // records are applied one by one through Handle, which dead-letters a
 // failing record alone.
 //
+// What a consumer has set aside or kept (its dead letters, gaps, parked
+// records, positions, health and running members) is read through an
+// Inspector, built from any outbox.DB and the schema: the operator's and
+// the dashboard's view. The verbs that change it (Replay, Discard,
+// ResolveGap, DrainReady, PruneKeys) are the Processor's, and a running
+// Consumer carries out the same verbs when another process requests them
+// (package operator).
+//
 // Offsets are committed after the database commit, so a crash in between
 // redelivers records that are already applied; dedupe skips them. The
 // database is the source of truth, Kafka offsets only an optimisation.

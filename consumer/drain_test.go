@@ -155,7 +155,7 @@ func TestLongReleaseDrainsInChunks(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, held-(maxPerTx-1), n)
 			h.check(t, held+1)
-			gaps, err := restarted.Gaps(ctx)
+			gaps, err := allGaps(ctx, restarted)
 			require.NoError(t, err)
 			require.Empty(t, gaps)
 			n, err = restarted.DrainReady(ctx)
@@ -203,7 +203,7 @@ func TestRunDrainsWhatReplayLeft(t *testing.T) {
 	p := r.c.Processor()
 	var letter int64
 	eventually.True(t, 30*time.Second, func() bool {
-		gaps, err := p.Gaps(ctx)
+		gaps, err := allGaps(ctx, p)
 		require.NoError(t, err)
 		if len(gaps) != 1 || gaps[0].Parked != held {
 			return false

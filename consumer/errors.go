@@ -24,8 +24,8 @@ var ErrClosed = errors.New("consumer: client closed")
 // Consumer: a Consumer runs once.
 var ErrRunning = errors.New("consumer: already run; a Consumer runs once")
 
-// ErrWrongConsumer is returned by the operator verbs (Replay, Discard,
-// DeadLetter) for a dead letter of another consumer.
+// ErrWrongConsumer is returned by the operator verbs (Replay, Discard)
+// for a dead letter of another consumer.
 var ErrWrongConsumer = errors.New("consumer: the dead letter belongs to another consumer")
 
 // ErrNoGap is returned by ResolveGap for an aggregate with no parked

@@ -78,7 +78,7 @@ func TestForeignRecords(t *testing.T) {
 			res := processAll(t, p, 1, r, rec(agg, 1, "k1-"+agg))
 			require.Equal(t, []consumer.Outcome{consumer.DeadLettered, consumer.Applied}, outcomes(res),
 				"the aggregate's next record does not wait behind the letter")
-			l, err := p.DeadLetter(ctx, res[0].DeadLetterID)
+			l, err := p.Inspector().Letter(ctx, res[0].DeadLetterID)
 			require.NoError(t, err)
 			require.Contains(t, l.Error, "the aggregate is not held")
 			require.Contains(t, l.Error, "Discard of this letter releases nothing")
@@ -98,7 +98,7 @@ func TestForeignRecords(t *testing.T) {
 		require.Equal(t, []consumer.Outcome{consumer.DeadLettered, consumer.DeadLettered}, outcomes(res))
 		require.ErrorIs(t, res[0].Err, consumer.ErrTombstone)
 		require.ErrorIs(t, res[0].Err, consumer.ErrNoKey)
-		l, err := p.DeadLetter(ctx, res[0].DeadLetterID)
+		l, err := p.Inspector().Letter(ctx, res[0].DeadLetterID)
 		require.NoError(t, err)
 		require.Contains(t, l.Error, "tombstone")
 		require.NotErrorIs(t, res[1].Err, consumer.ErrTombstone, "an empty value is not a tombstone")

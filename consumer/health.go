@@ -5,11 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
-	"github.com/d419a114/outbox/internal/tables"
 )
 
 // Health is what a consumer has set aside or kept, read from its tables,
@@ -43,34 +39,12 @@ type LetterCount struct {
 	Oldest time.Duration
 }
 
-// Consumers returns the names of the consumers that have kept anything in
-// schema ("" means outbox.DefaultSchema): processed keys, positions, dead
-// letters or parked records.
-func Consumers(ctx context.Context, db DB, schema string) ([]string, error) {
-	if schema == "" {
-		schema = outbox.DefaultSchema
-	}
-	rows, err := db.Query(ctx, tables.For(schema).Reads.Consumers)
-	if err != nil {
-		return nil, fmt.Errorf("consumer: list consumers: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("consumer: list consumers: %w", err)
-	}
-	return names, nil
-}
-
-// ReadHealth reads the health of the consumer name in schema ("" means
-// outbox.DefaultSchema). It counts rows, so sample it at a low rate (once
-// a minute, say), not per scrape of a busy exporter.
-func ReadHealth(ctx context.Context, db DB, schema, name string) (Health, error) {
-	if schema == "" {
-		schema = outbox.DefaultSchema
-	}
+// Health reads the health of consumer. It counts rows, so sample it at a
+// low rate (once a minute, say), not per scrape of a busy exporter.
+func (in *Inspector) Health(ctx context.Context, consumer string) (Health, error) {
 	var h Health
-	sql := tables.For(schema).Reads
-	rows, err := db.Query(ctx, sql.LetterCounts, name)
+	sql := in.sql.Reads
+	rows, err := in.db.Query(ctx, sql.LetterCounts, consumer)
 	if err != nil {
 		return Health{}, fmt.Errorf("consumer: read health: %w", err)
 	}
@@ -90,7 +64,7 @@ func ReadHealth(ctx context.Context, db DB, schema, name string) (Health, error)
 		return Health{}, fmt.Errorf("consumer: read health: %w", err)
 	}
 	var gap, key float64
-	if err := db.QueryRow(ctx, sql.Kept, name).
+	if err := in.db.QueryRow(ctx, sql.Kept, consumer).
 		Scan(&h.ParkedAggregates, &h.ParkedRecords, &gap, &h.ProcessedKeys, &key); err != nil {
 		return Health{}, fmt.Errorf("consumer: read health: %w", err)
 	}

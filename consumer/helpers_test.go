@@ -20,7 +20,9 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/ordering"
 )
 
 // nextOffset gives every test record its own offset, as a partition would.
@@ -329,4 +331,42 @@ func (l *lockedBuffer) lines(parts ...string) []string {
 		}
 	}
 	return out
+}
+
+// allGaps reads every page of p's gaps through its Inspector.
+func allGaps(ctx context.Context, p *consumer.Processor) ([]ordering.OpenGap, error) {
+	var (
+		out  []ordering.OpenGap
+		opts = ordering.GapOpts{Consumer: p.Name()}
+	)
+	for {
+		page, err := p.Inspector().Gaps(ctx, &opts)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page.Gaps...)
+		if page.Next == nil {
+			return out, nil
+		}
+		opts.After = page.Next
+	}
+}
+
+// lettersOf lists p's dead letters that opts (nil: all) matches through
+// its Inspector.
+func lettersOf(ctx context.Context, p *consumer.Processor, opts *deadletter.ListOpts) ([]*deadletter.Letter, error) {
+	o := deadletter.ListOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	o.Consumer = p.Name()
+	return p.Inspector().Letters(ctx, &o)
+}
+
+// mustInspector returns the Inspector of schema in db.
+func mustInspector(t *testing.T, db outbox.DB, schema string) *consumer.Inspector {
+	t.Helper()
+	in, err := consumer.NewInspector(db, schema)
+	require.NoError(t, err)
+	return in
 }

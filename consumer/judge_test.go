@@ -172,7 +172,7 @@ func TestNoRecordRetriedForever(t *testing.T) {
 		}
 		down.on.Store(false)
 		crash.Store(false)
-		letters, err := p.DeadLetters(ctx, nil)
+		letters, err := lettersOf(ctx, p, nil)
 		require.NoError(t, err)
 		require.Empty(t, letters, "nothing is dead-lettered while the database does not answer")
 		require.Contains(t, logs.String(), "database not answering")
@@ -232,7 +232,7 @@ func TestNoRecordRetriedForever(t *testing.T) {
 		require.NoError(t, err, "the replayed letter applies; its sick successor is dead-lettered, not the cause of a failed replay")
 		require.Equal(t, consumer.Applied, out.Outcome)
 		require.Equal(t, []int64{1}, e.seqs(t, "o"))
-		letters, err := p.DeadLetters(ctx, nil)
+		letters, err := lettersOf(ctx, p, nil)
 		require.NoError(t, err)
 		var open []int64
 		for _, l := range letters {
@@ -265,7 +265,7 @@ func TestNoRecordRetriedForever(t *testing.T) {
 		rows, distinct := b.effects.count(t)
 		require.Equal(t, 60, rows)
 		require.Equal(t, 60, distinct)
-		letters, err := r.c.Processor().DeadLetters(ctx, nil)
+		letters, err := lettersOf(ctx, r.c.Processor(), nil)
 		require.NoError(t, err)
 		require.Len(t, letters, 1)
 		require.Equal(t, "sick", letters[0].AggregateID)

@@ -32,7 +32,7 @@ func (h *modelHarness) doBulk(t *rapid.T, action operator.Action, agg string) {
 		f := filter
 		f.Consumer = r.name
 		var err error
-		orders[i], err = deadletter.New(&deadletter.Config{Schema: r.db.Schema}).Match(h.ctx, r.db.Pool, &f)
+		orders[i], err = r.p.Inspector().MatchLetters(h.ctx, &f)
 		return err
 	}) {
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -401,12 +402,35 @@ FROM `+r.db.Table("dead_letters")+` WHERE consumer = $1`, r.name).Query(func(row
 	if err := r.db.Pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, err
 	}
-	gaps, err := r.p.Gaps(ctx)
+	// Every aggregate's gap as ResolveGap reads it (a gap needs a
+	// position), and the Inspector's pages: those of them with records
+	// parked.
+	var paged []ordering.OpenGap
+	for _, agg := range slices.Sorted(maps.Keys(s.positions)) {
+		g, err := consumer.GapOf(ctx, r.p, ordering.Aggregate{Type: "order", ID: agg})
+		if err != nil {
+			return nil, err
+		}
+		if g == nil {
+			continue
+		}
+		s.gaps = append(s.gaps, *g)
+		if g.Parked > 0 {
+			p := *g
+			p.Since = time.Time{} // the oldest parked here, the lowest's there
+			paged = append(paged, p)
+		}
+	}
+	pages, err := allGaps(ctx, r.p)
 	if err != nil {
 		return nil, err
 	}
-	sort.Slice(gaps, func(i, j int) bool { return gaps[i].Aggregate.ID < gaps[j].Aggregate.ID })
-	s.gaps = gaps
+	for i := range pages {
+		pages[i].Since = time.Time{}
+	}
+	if !reflect.DeepEqual(pages, paged) {
+		return nil, fmt.Errorf("the Inspector's gaps %+v are not the parked ones of the gaps %+v", pages, s.gaps)
+	}
 	r.letters = map[int64]int64{}
 	for off, l := range s.letters {
 		r.letters[off] = l.id

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/tables"
 )
 
@@ -38,16 +37,13 @@ type Member struct {
 	Live        bool      `json:"live"`
 }
 
-// Members lists the members of consumer name ("" means every consumer) in
-// schema ("" means outbox.DefaultSchema), newest beat first, at most 200:
+// Members lists the members of consumer ("" means every consumer), newest
+// beat first, at most 200:
 // the processes running a Consumer now, and those that stopped without
 // saying so less than a day ago (Live false). A Consumer that stops
 // cleanly removes its row.
-func Members(ctx context.Context, db outbox.DB, schema, name string) ([]Member, error) {
-	if schema == "" {
-		schema = outbox.DefaultSchema
-	}
-	rows, err := db.Query(ctx, tables.For(schema).Members.List, tables.Filter(name), maxMembers, MemberGone.Seconds())
+func (in *Inspector) Members(ctx context.Context, consumer string) ([]Member, error) {
+	rows, err := in.db.Query(ctx, in.sql.Members.List, tables.Filter(consumer), maxMembers, MemberGone.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("consumer: list members (did Migrate run?): %w", err)
 	}

@@ -159,14 +159,9 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 	)
 	e := p.entry(ctx, operator.ResolveGap, 0, agg)
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		gaps, err := p.ordering.Gaps(ctx, tx)
-		if err != nil {
+		var err error
+		if found, err = p.ordering.Gap(ctx, tx, agg); err != nil {
 			return err
-		}
-		for i := range gaps {
-			if gaps[i].Aggregate == agg {
-				found = &gaps[i]
-			}
 		}
 		if found == nil {
 			return fmt.Errorf("consumer: %s: %w", agg, ErrNoGap)

@@ -13,11 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
-	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/dedupe"
+	"github.com/d419a114/outbox/internal/letters"
+	"github.com/d419a114/outbox/internal/sequence"
 	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/operator"
-	"github.com/d419a114/outbox/ordering"
 )
 
 // Handler applies one message's effect inside tx. It must do all its
@@ -62,8 +62,8 @@ type Processor struct {
 	cfg      Config
 	name     string
 	dedupe   *dedupe.Store
-	ordering *ordering.Tracker
-	dead     *deadletter.Store
+	ordering *sequence.Tracker
+	dead     *letters.Store
 	ops      *operator.Store
 	log      *slog.Logger
 	// ready wakes Consumer.Run's drainer; see readyToDrain and leftInLine.
@@ -108,27 +108,36 @@ func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 	if err != nil {
 		return nil, err
 	}
-	o, err := ordering.New(name, &ordering.Config{Schema: c.Schema, GapPolicy: c.GapPolicy, FirstSeen: c.FirstSeen})
+	o, err := sequence.New(name, &sequence.Config{Schema: c.Schema, GapPolicy: c.GapPolicy, FirstSeen: c.FirstSeen})
 	if err != nil {
 		return nil, err
 	}
 	bh, _ := h.(BatchHandler)
 	bt, _ := c.Tracer.(BatchTracer)
+	sql := tables.For(c.Schema)
 	return &Processor{
 		tracer: c.Tracer, batchTracer: bt,
 		db: db, h: h, bh: bh, cfg: c, name: name, dedupe: d, ordering: o, ready: make(chan struct{}, 1),
-		dead: deadletter.New(&deadletter.Config{Schema: c.Schema}),
+		dead: letters.New(sql.DeadLetters),
 		ops:  operator.New(&operator.Config{Schema: c.Schema}),
 		log:  c.Logger.With(slog.String("consumer", name)),
 		// The claim and the move in one statement, sent in one round trip
 		// with BEGIN (see pgpipeline.Begin): at one record per transaction a
 		// round trip costs about as much as the record's own work.
-		sql: tables.For(c.Schema).HotPath,
+		sql: sql.HotPath,
 	}, nil
 }
 
 // Name returns the consumer name.
 func (p *Processor) Name() string { return p.name }
+
+// Inspector returns the Inspector of the Processor's database and schema:
+// the reads of its gaps, parked records, positions and dead letters (and
+// those of the schema's other consumers). The Processor's own reads are
+// those with its Name.
+func (p *Processor) Inspector() *Inspector {
+	return newInspector(p.db, p.cfg.Schema)
+}
 
 // appliedCount returns how many records Process and ProcessBatch applied,
 // drained ones included: the Consumer's heartbeat reports it.

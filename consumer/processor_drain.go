@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox/operator"
+	"github.com/d419a114/outbox/internal/sequence"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -76,7 +77,7 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 		}
 		p.log.ErrorContext(ctx, "consumer: parked record dead-lettered", slog.String("aggregate", agg.String()),
 			slog.Int64("seq", m.Seq), slog.Int64("dead_letter_id", id), slog.String("error", herr.Error()))
-		return ordering.ErrStopDrain
+		return sequence.ErrStopDrain
 	})
 }
 

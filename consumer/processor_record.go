@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox/internal/pgpipeline"
+	"github.com/d419a114/outbox/internal/sequence"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -181,7 +182,7 @@ func (r *recordRun) firstStatement() (string, []any) {
 func (r *recordRun) apply(ctx context.Context) (Result, error) {
 	p, m, tx := r.p, r.m, r.tx
 	var (
-		c     ordering.Check
+		c     sequence.Check
 		known bool
 	)
 	if r.pre == nil {
@@ -197,7 +198,7 @@ func (r *recordRun) apply(ctx context.Context) (Result, error) {
 		return Result{Outcome: Duplicate}, nil
 	}
 	if r.pre.parked != nil {
-		c, known = ordering.Check{Verdict: ordering.InOrder, Last: m.Seq - 1, Parked: *r.pre.parked}, true
+		c, known = sequence.Check{Verdict: sequence.InOrder, Last: m.Seq - 1, Parked: *r.pre.parked}, true
 	}
 	if !p.ordered(m) {
 		return Result{Outcome: Applied}, r.handle(ctx)
@@ -210,7 +211,7 @@ func (r *recordRun) apply(ctx context.Context) (Result, error) {
 		}
 	}
 	switch c.Verdict {
-	case ordering.Duplicate:
+	case sequence.Duplicate:
 		if p.cfg.GapPolicy == ordering.GapIgnore {
 			// Ignore: a late record is applied; dedupe vouched for it.
 			return Result{Outcome: Applied}, r.handle(ctx)
@@ -226,7 +227,7 @@ func (r *recordRun) apply(ctx context.Context) (Result, error) {
 		// The key was fresh, so this is not a redelivery of the event
 		// that took this sequence: a different event reuses it.
 		return Result{}, Permanent(reused)
-	case ordering.Gap:
+	case sequence.Gap:
 		if c.Held || p.cfg.GapPolicy == ordering.GapPark {
 			ok, err := p.ordering.Park(ctx, tx, agg, m.Seq, m.Record, m.IdempotencyKey)
 			if err != nil {

@@ -66,7 +66,7 @@ func TestRequests(t *testing.T) {
 	}
 	open := func(t *testing.T, p *consumer.Processor, agg string) []*deadletter.Letter {
 		t.Helper()
-		ls, err := p.DeadLetters(ctx, &deadletter.ListOpts{Status: deadletter.StatusDead, AggregateID: agg})
+		ls, err := lettersOf(ctx, p, &deadletter.ListOpts{Status: deadletter.StatusDead, AggregateID: agg})
 		require.NoError(t, err)
 		return ls
 	}
@@ -133,7 +133,7 @@ func TestRequests(t *testing.T) {
 		e.failKey("a2", nil)
 		e.failKey("b3", nil)
 
-		preview, err := deadletter.New(&deadletter.Config{Schema: db.Schema}).Preview(ctx, db.Pool,
+		preview, err := p.Inspector().PreviewLetters(ctx,
 			&deadletter.ListOpts{Consumer: "svc", Status: deadletter.StatusDead})
 		require.NoError(t, err)
 		require.Equal(t, deadletter.Preview{Letters: 2, Aggregates: 2, Parked: 6}, preview)

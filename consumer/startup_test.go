@@ -110,7 +110,7 @@ func TestMembers(t *testing.T) {
 	r := b.start(t, b.effects, fastConfig(b.db, 1))
 	var live []consumer.Member
 	eventually.True(t, 30*time.Second, func() bool {
-		ms, err := consumer.Members(ctx, b.db.Pool, b.db.Schema, "svc")
+		ms, err := mustInspector(t, b.db.Pool, b.db.Schema).Members(ctx, "svc")
 		require.NoError(t, err)
 		live = ms
 		return len(ms) == 1 && ms[0].Applied == 20 && ms[0].Partitions == 2
@@ -121,7 +121,7 @@ func TestMembers(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT coalesce(sum(n), 0) FROM `+b.db.Table("activity")+` WHERE kind = 'applied' AND name = 'svc'`).Scan(&applied))
 	require.EqualValues(t, 20, applied, "the minute's activity counts them")
 	r.stop(t)
-	ms, err := consumer.Members(ctx, b.db.Pool, b.db.Schema, "svc")
+	ms, err := mustInspector(t, b.db.Pool, b.db.Schema).Members(ctx, "svc")
 	require.NoError(t, err)
 	require.Empty(t, ms, "a clean stop removes the row")
 }

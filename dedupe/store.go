@@ -95,37 +95,6 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, key string) (bool, error) 
 	return tag.RowsAffected() == 1, nil
 }
 
-// ClaimMany claims keys in one statement and reports, per key, whether this
-// transaction got it. A key repeated within keys is claimed at its first
-// position only.
-func (s *Store) ClaimMany(ctx context.Context, tx pgx.Tx, keys []string) ([]bool, error) {
-	for _, k := range keys {
-		if k == "" {
-			return nil, ErrEmptyKey
-		}
-	}
-	rows, err := tx.Query(ctx, s.sql.ClaimMany, s.consumer, keys)
-	if err != nil {
-		return nil, fmt.Errorf("dedupe: claim keys: %w", err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("dedupe: claim keys: %w", err)
-	}
-	fresh := make(map[string]bool, len(got))
-	for _, k := range got {
-		fresh[k] = true
-	}
-	out := make([]bool, len(keys))
-	for i, k := range keys {
-		if fresh[k] {
-			out[i] = true
-			delete(fresh, k) // later repeats are duplicates
-		}
-	}
-	return out, nil
-}
-
 // Claimed reports whether key is claimed, by a committed transaction or by
 // tx itself.
 func (s *Store) Claimed(ctx context.Context, tx pgx.Tx, key string) (bool, error) {
@@ -151,12 +120,7 @@ func (s *Store) Release(ctx context.Context, tx pgx.Tx, key string) error {
 // is left or ctx ends. It returns how many keys it deleted. Run it
 // periodically on the primary.
 func (s *Store) Prune(ctx context.Context, db outbox.DB) (int64, error) {
-	return s.PruneBefore(ctx, db, time.Now().Add(-s.retention))
-}
-
-// PruneBefore is Prune with an explicit cutoff: it deletes keys claimed
-// before cutoff.
-func (s *Store) PruneBefore(ctx context.Context, db outbox.DB, cutoff time.Time) (int64, error) {
+	cutoff := time.Now().Add(-s.retention)
 	var total int64
 	for {
 		tag, err := db.Exec(ctx, s.sql.Prune, s.consumer, cutoff, s.batch)

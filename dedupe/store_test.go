@@ -101,8 +101,6 @@ func TestStore(t *testing.T) {
 		defer func() { _ = tx.Rollback(ctx) }()
 		_, err = s.Claim(ctx, tx, "")
 		require.ErrorIs(t, err, dedupe.ErrEmptyKey)
-		_, err = s.ClaimMany(ctx, tx, []string{"a", ""})
-		require.ErrorIs(t, err, dedupe.ErrEmptyKey)
 	})
 
 	// Two transactions race on one key: the second blocks on the first's
@@ -149,21 +147,6 @@ func TestStore(t *testing.T) {
 		require.False(t, r.ok)
 	})
 
-	t.Run("ClaimManyMarksFirstOccurrenceOnly", func(t *testing.T) {
-		t.Parallel()
-		s, db := setup(t, "svc", nil)
-		require.True(t, claim(t, db, s, "old", true))
-		tx, err := db.Pool.Begin(ctx)
-		require.NoError(t, err)
-		got, err := s.ClaimMany(ctx, tx, []string{"a", "old", "b", "a"})
-		require.NoError(t, err)
-		require.Equal(t, []bool{true, false, true, false}, got)
-		require.NoError(t, tx.Commit(ctx))
-		var n int
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+db.Table("processed_keys")).Scan(&n))
-		require.Equal(t, 3, n)
-	})
-
 	t.Run("PruneDeletesOnlyExpiredKeysInBatches", func(t *testing.T) {
 		t.Parallel()
 		s, db := setup(t, "svc", &dedupe.Config{Retention: time.Hour, PruneBatchSize: 10})
@@ -174,11 +157,14 @@ func TestStore(t *testing.T) {
 			keys[i] = fmt.Sprintf("old-%d", i)
 		}
 		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			if _, err := s.ClaimMany(ctx, tx, keys); err != nil {
-				return err
+			for _, k := range keys {
+				for _, st := range []*dedupe.Store{s, other} {
+					if _, err := st.Claim(ctx, tx, k); err != nil {
+						return err
+					}
+				}
 			}
-			_, err := other.ClaimMany(ctx, tx, keys)
-			return err
+			return nil
 		}))
 		_, err = db.Pool.Exec(ctx, `UPDATE `+db.Table("processed_keys")+` SET processed_at = now() - interval '2 hours'`)
 		require.NoError(t, err)

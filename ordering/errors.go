@@ -1,9 +1,6 @@
 package ordering
 
-import (
-	"errors"
-	"fmt"
-)
+import "fmt"
 
 // GapError is returned under GapFail for a record that arrived ahead of a
 // gap. It is retryable: the record applies once its predecessors have.
@@ -16,9 +13,3 @@ type GapError struct {
 func (e *GapError) Error() string {
 	return fmt.Sprintf("ordering: gap in %s: want seq %d, got %d", e.Aggregate, e.Want, e.Got)
 }
-
-// ErrStopDrain is returned by a Drain callback to stop draining without an
-// error and without moving the position past the record it was given. The
-// callback must have disposed of the record (dead-lettered it, typically),
-// since Drain already took it out of the parked table.
-var ErrStopDrain = errors.New("ordering: stop draining")

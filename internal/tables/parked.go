@@ -13,13 +13,14 @@ type Parked struct {
 	// the position), lowers the parked count, and returns it; no row when
 	// none is in line.
 	Pop string
-	// Gaps lists the aggregates with a hole below their next record:
-	// those with parked records (position, count, lowest parked sequence,
-	// oldest parked time, and the id and sequence of the lowest open dead
-	// letter inside the hole, if any), and those with nothing parked whose
-	// lowest open dead letter lies beyond the next sequence (count and
-	// lowest parked 0, the letter's first failure as the time).
-	Gaps string
+	// Gap is the hole below aggregate ($2, $3)'s next record, no row when
+	// it has none: with parked records, its position, parked count, lowest
+	// parked sequence, oldest parked time, and the id and sequence of the
+	// lowest open dead letter inside the hole, if any; with nothing parked
+	// but its lowest open dead letter beyond the next sequence, its
+	// position, count and lowest parked 0, the letter's first failure as
+	// the time, and the letter.
+	Gap string
 	// GapsPage is a page of the aggregates of consumer $1 with records
 	// parked: after aggregate ($2, $3) in (type, id) order, of type $4
 	// and id $5 where those are not NULL, at most $7 of them, walked along
@@ -57,25 +58,20 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO N
     WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND EXISTS (SELECT 1 FROM next)
 )
 SELECT * FROM next`),
-		Gaps: q(`SELECT * FROM (
-    SELECT p.aggregate_type, p.aggregate_id, p.last_seq, count(*) AS parked, min(k.seq) AS first_parked, min(k.parked_at) AS since,
-           (SELECT ARRAY[d.id, d.aggregate_seq] FROM {schema}.dead_letters d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
-                AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq > p.last_seq AND d.aggregate_seq < min(k.seq)
-            ORDER BY d.aggregate_seq LIMIT 1) AS letter
-    FROM {schema}.positions p JOIN {schema}.parked k USING (consumer, aggregate_type, aggregate_id)
-    WHERE p.consumer = $1
-    GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
-    UNION ALL
-    (SELECT DISTINCT ON (d.aggregate_type, d.aggregate_id) d.aggregate_type, d.aggregate_id, p.last_seq, 0, 0, d.first_failed_at,
-            ARRAY[d.id, d.aggregate_seq]
-     FROM {schema}.dead_letters d JOIN {schema}.positions p
-       ON p.consumer = d.consumer AND p.aggregate_type = d.aggregate_type AND p.aggregate_id = d.aggregate_id
-     WHERE d.consumer = $1 AND d.status = 'dead' AND d.aggregate_seq > p.last_seq + 1
-       AND NOT EXISTS (SELECT 1 FROM {schema}.parked k
-                       WHERE k.consumer = d.consumer AND k.aggregate_type = d.aggregate_type AND k.aggregate_id = d.aggregate_id)
-     ORDER BY d.aggregate_type, d.aggregate_id, d.aggregate_seq)
-) AS g
-ORDER BY since, aggregate_type, aggregate_id`),
+		Gap: q(`SELECT p.last_seq, count(*) AS parked, min(k.seq) AS first_parked, min(k.parked_at) AS since,
+       (SELECT ARRAY[d.id, d.aggregate_seq] FROM {schema}.dead_letters d WHERE d.consumer = p.consumer AND d.aggregate_type = p.aggregate_type
+            AND d.aggregate_id = p.aggregate_id AND d.status = 'dead' AND d.aggregate_seq > p.last_seq AND d.aggregate_seq < min(k.seq)
+        ORDER BY d.aggregate_seq LIMIT 1) AS letter
+FROM {schema}.positions p JOIN {schema}.parked k USING (consumer, aggregate_type, aggregate_id)
+WHERE p.consumer = $1 AND p.aggregate_type = $2 AND p.aggregate_id = $3
+GROUP BY p.consumer, p.aggregate_type, p.aggregate_id, p.last_seq
+UNION ALL
+(SELECT p.last_seq, 0, 0, d.first_failed_at, ARRAY[d.id, d.aggregate_seq]
+ FROM {schema}.dead_letters d JOIN {schema}.positions p
+   ON p.consumer = d.consumer AND p.aggregate_type = d.aggregate_type AND p.aggregate_id = d.aggregate_id
+ WHERE d.consumer = $1 AND d.aggregate_type = $2 AND d.aggregate_id = $3 AND d.status = 'dead' AND d.aggregate_seq > p.last_seq + 1
+   AND NOT EXISTS (SELECT 1 FROM {schema}.parked k WHERE k.consumer = $1 AND k.aggregate_type = $2 AND k.aggregate_id = $3)
+ ORDER BY d.aggregate_seq LIMIT 1)`),
 		GapsPage: q(`WITH held AS (
     SELECT p.aggregate_type, p.aggregate_id, p.last_seq, p.parked
     FROM {schema}.positions p

@@ -7,8 +7,6 @@ type Keys struct {
 	// NOTHING lets the primary key arbitrate races: the loser waits for the
 	// winner's transaction and then inserts nothing.
 	Claim string
-	// ClaimMany inserts the keys $2 (text[]) and returns those it inserted.
-	ClaimMany string
 	// Release deletes key $2.
 	Release string
 	// Claimed says whether key $2 is claimed.
@@ -21,10 +19,9 @@ type Keys struct {
 
 func keys(q func(string) string) Keys {
 	return Keys{
-		Claim:     q(`INSERT INTO {schema}.processed_keys (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`),
-		ClaimMany: q(`INSERT INTO {schema}.processed_keys (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k ON CONFLICT DO NOTHING RETURNING key`),
-		Release:   q(`DELETE FROM {schema}.processed_keys WHERE consumer = $1 AND key = $2`),
-		Claimed:   q(`SELECT EXISTS (SELECT 1 FROM {schema}.processed_keys WHERE consumer = $1 AND key = $2)`),
+		Claim:   q(`INSERT INTO {schema}.processed_keys (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`),
+		Release: q(`DELETE FROM {schema}.processed_keys WHERE consumer = $1 AND key = $2`),
+		Claimed: q(`SELECT EXISTS (SELECT 1 FROM {schema}.processed_keys WHERE consumer = $1 AND key = $2)`),
 		Prune: q(`DELETE FROM {schema}.processed_keys WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM {schema}.processed_keys WHERE consumer = $1 AND processed_at < $2 LIMIT $3))`),
 	}

@@ -1,4 +1,4 @@
-package ordering_test
+package sequence_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/sequence"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -22,18 +23,18 @@ func TestNew(t *testing.T) {
 	tests := []struct {
 		name     string
 		consumer string
-		cfg      *ordering.Config
+		cfg      *sequence.Config
 		wantErr  string
 	}{
 		{"Defaults", "svc", nil, ""},
 		{"EmptyConsumer", "", nil, "empty consumer name"},
-		{"UnknownGapPolicy", "svc", &ordering.Config{GapPolicy: 9}, "unknown gap policy"},
-		{"UnknownFirstSeen", "svc", &ordering.Config{FirstSeen: -1}, "unknown first-seen policy"},
+		{"UnknownGapPolicy", "svc", &sequence.Config{GapPolicy: 9}, "unknown gap policy"},
+		{"UnknownFirstSeen", "svc", &sequence.Config{FirstSeen: -1}, "unknown first-seen policy"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			tr, err := ordering.New(tt.consumer, tt.cfg)
+			tr, err := sequence.New(tt.consumer, tt.cfg)
 			if tt.wantErr != "" {
 				require.ErrorContains(t, err, tt.wantErr)
 				return
@@ -47,14 +48,14 @@ func TestNew(t *testing.T) {
 func TestTracker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	setup := func(t *testing.T, cfg *ordering.Config) (*ordering.Tracker, *pgtest.DB) {
+	setup := func(t *testing.T, cfg *sequence.Config) (*sequence.Tracker, *pgtest.DB) {
 		t.Helper()
 		db := pgtest.New(t, nil)
 		if cfg == nil {
-			cfg = &ordering.Config{}
+			cfg = &sequence.Config{}
 		}
 		cfg.Schema = db.Schema
-		tr, err := ordering.New("svc", cfg)
+		tr, err := sequence.New("svc", cfg)
 		require.NoError(t, err)
 		return tr, db
 	}
@@ -65,9 +66,9 @@ func TestTracker(t *testing.T) {
 		fn(tx)
 		require.NoError(t, tx.Commit(ctx))
 	}
-	check := func(t *testing.T, tr *ordering.Tracker, db *pgtest.DB, a ordering.Aggregate, seq int64) ordering.Check {
+	check := func(t *testing.T, tr *sequence.Tracker, db *pgtest.DB, a ordering.Aggregate, seq int64) sequence.Check {
 		t.Helper()
-		var c ordering.Check
+		var c sequence.Check
 		inTx(t, db, func(tx pgx.Tx) {
 			var err error
 			c, err = tr.Check(ctx, tx, a, seq)
@@ -75,12 +76,12 @@ func TestTracker(t *testing.T) {
 		})
 		return c
 	}
-	park := func(t *testing.T, tr *ordering.Tracker, db *pgtest.DB, seq int64) {
+	park := func(t *testing.T, tr *sequence.Tracker, db *pgtest.DB, seq int64) {
 		t.Helper()
 		inTx(t, db, func(tx pgx.Tx) {
 			c, err := tr.Check(ctx, tx, agg, seq)
 			require.NoError(t, err)
-			require.Equal(t, ordering.Gap, c.Verdict)
+			require.Equal(t, sequence.Gap, c.Verdict)
 			ok, err := tr.Park(ctx, tx, agg, seq, &kgo.Record{Topic: "t", Offset: seq, Value: []byte{byte(seq)},
 				Headers: []kgo.RecordHeader{{Key: "bin", Value: []byte{0, 0xff, 0xfe}}}}, "")
 			require.NoError(t, err)
@@ -91,12 +92,12 @@ func TestTracker(t *testing.T) {
 	t.Run("VerdictsFollowThePosition", func(t *testing.T) {
 		t.Parallel()
 		tr, db := setup(t, nil)
-		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 1).Verdict)
-		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 2).Verdict)
-		require.Equal(t, ordering.Duplicate, check(t, tr, db, agg, 2).Verdict)
-		require.Equal(t, ordering.Duplicate, check(t, tr, db, agg, 1).Verdict)
+		require.Equal(t, sequence.InOrder, check(t, tr, db, agg, 1).Verdict)
+		require.Equal(t, sequence.InOrder, check(t, tr, db, agg, 2).Verdict)
+		require.Equal(t, sequence.Duplicate, check(t, tr, db, agg, 2).Verdict)
+		require.Equal(t, sequence.Duplicate, check(t, tr, db, agg, 1).Verdict)
 		c := check(t, tr, db, agg, 4)
-		require.Equal(t, ordering.Gap, c.Verdict)
+		require.Equal(t, sequence.Gap, c.Verdict)
 		require.EqualValues(t, 2, c.Last)
 		require.False(t, c.Held)
 		last, ok, err := tr.Position(ctx, db.Pool, agg)
@@ -112,9 +113,9 @@ func TestTracker(t *testing.T) {
 		require.NoError(t, err)
 		c, err := tr.Check(ctx, tx, agg, 1)
 		require.NoError(t, err)
-		require.Equal(t, ordering.InOrder, c.Verdict)
+		require.Equal(t, sequence.InOrder, c.Verdict)
 		require.NoError(t, tx.Rollback(ctx))
-		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 1).Verdict)
+		require.Equal(t, sequence.InOrder, check(t, tr, db, agg, 1).Verdict)
 	})
 
 	t.Run("SequenceBelowOneIsAnError", func(t *testing.T) {
@@ -128,10 +129,10 @@ func TestTracker(t *testing.T) {
 
 	t.Run("FirstSeenBaselineAcceptsAnySequence", func(t *testing.T) {
 		t.Parallel()
-		tr, db := setup(t, &ordering.Config{FirstSeen: ordering.FirstSeenBaseline})
-		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 7).Verdict)
-		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 8).Verdict)
-		require.Equal(t, ordering.Duplicate, check(t, tr, db, agg, 3).Verdict)
+		tr, db := setup(t, &sequence.Config{FirstSeen: ordering.FirstSeenBaseline})
+		require.Equal(t, sequence.InOrder, check(t, tr, db, agg, 7).Verdict)
+		require.Equal(t, sequence.InOrder, check(t, tr, db, agg, 8).Verdict)
+		require.Equal(t, sequence.Duplicate, check(t, tr, db, agg, 3).Verdict)
 	})
 
 	t.Run("FirstSeenStrictParksUntilSequenceOne", func(t *testing.T) {
@@ -139,7 +140,7 @@ func TestTracker(t *testing.T) {
 		tr, db := setup(t, nil) // strict is the default
 		park(t, tr, db, 2)
 		c := check(t, tr, db, agg, 1)
-		require.Equal(t, ordering.InOrder, c.Verdict)
+		require.Equal(t, sequence.InOrder, c.Verdict)
 		require.Equal(t, 1, c.Parked)
 	})
 
@@ -154,7 +155,7 @@ func TestTracker(t *testing.T) {
 		inTx(t, db, func(tx pgx.Tx) {
 			c, err := tr.Check(ctx, tx, agg, 2)
 			require.NoError(t, err)
-			require.Equal(t, ordering.InOrder, c.Verdict)
+			require.Equal(t, sequence.InOrder, c.Verdict)
 			require.Equal(t, 3, c.Parked)
 			n, err := tr.Drain(ctx, tx, agg, 0, func(_ context.Context, p *ordering.Parked) error {
 				require.Equal(t, []kgo.RecordHeader{{Key: "bin", Value: []byte{0, 0xff, 0xfe}}}, p.Record.Headers)
@@ -167,19 +168,19 @@ func TestTracker(t *testing.T) {
 		})
 		require.Equal(t, []int64{3, 4}, applied)
 
-		gaps, err := tr.Gaps(ctx, db.Pool)
+		gap, err := tr.Gap(ctx, db.Pool, agg)
 		require.NoError(t, err)
-		require.Len(t, gaps, 1)
-		require.Equal(t, agg, gaps[0].Aggregate)
-		require.EqualValues(t, 5, gaps[0].Expected)
-		require.EqualValues(t, 6, gaps[0].FirstParked)
-		require.Equal(t, 1, gaps[0].Parked)
-		require.Zero(t, gaps[0].DeadLetterID)
+		require.NotNil(t, gap)
+		require.Equal(t, agg, gap.Aggregate)
+		require.EqualValues(t, 5, gap.Expected)
+		require.EqualValues(t, 6, gap.FirstParked)
+		require.Equal(t, 1, gap.Parked)
+		require.Zero(t, gap.DeadLetterID)
 
 		// Resolve by skip: 5 is given up, 6 drains.
 		applied = nil
 		inTx(t, db, func(tx pgx.Tx) {
-			moved, parked, err := tr.SkipTo(ctx, tx, agg, gaps[0].FirstParked-1)
+			moved, parked, err := tr.SkipTo(ctx, tx, agg, gap.FirstParked-1)
 			require.NoError(t, err)
 			require.True(t, moved)
 			require.Equal(t, 1, parked)
@@ -190,10 +191,10 @@ func TestTracker(t *testing.T) {
 			require.NoError(t, err)
 		})
 		require.Equal(t, []int64{6}, applied)
-		gaps, err = tr.Gaps(ctx, db.Pool)
+		gap, err = tr.Gap(ctx, db.Pool, agg)
 		require.NoError(t, err)
-		require.Empty(t, gaps)
-		require.Equal(t, ordering.InOrder, check(t, tr, db, agg, 7).Verdict)
+		require.Nil(t, gap)
+		require.Equal(t, sequence.InOrder, check(t, tr, db, agg, 7).Verdict)
 	})
 
 	t.Run("DrainStopsAtItsLimitAndReadyFindsTheRest", func(t *testing.T) {
@@ -220,7 +221,7 @@ func TestTracker(t *testing.T) {
 		inTx(t, db, func(tx pgx.Tx) {
 			c, err := tr.Check(ctx, tx, agg, 1)
 			require.NoError(t, err)
-			require.Equal(t, ordering.InOrder, c.Verdict)
+			require.Equal(t, sequence.InOrder, c.Verdict)
 			require.Equal(t, 2, drain(tx))
 		})
 		require.Equal(t, []int64{2, 3}, applied)
@@ -263,7 +264,7 @@ func TestTracker(t *testing.T) {
 		inTx(t, db, func(tx pgx.Tx) {
 			_, err := tr.Check(ctx, tx, agg, 2)
 			require.NoError(t, err)
-			n, err := tr.Drain(ctx, tx, agg, 0, func(context.Context, *ordering.Parked) error { return ordering.ErrStopDrain })
+			n, err := tr.Drain(ctx, tx, agg, 0, func(context.Context, *ordering.Parked) error { return sequence.ErrStopDrain })
 			require.NoError(t, err)
 			require.Zero(t, n)
 		})
@@ -271,7 +272,7 @@ func TestTracker(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 2, last)
 		c := check(t, tr, db, agg, 4)
-		require.Equal(t, ordering.Gap, c.Verdict, "3 was taken out and not applied")
+		require.Equal(t, sequence.Gap, c.Verdict, "3 was taken out and not applied")
 		require.Equal(t, 1, c.Parked)
 	})
 
@@ -292,7 +293,7 @@ func TestTracker(t *testing.T) {
 
 	t.Run("HoldParksSuccessorsOfADeadLetter", func(t *testing.T) {
 		t.Parallel()
-		tr, db := setup(t, &ordering.Config{GapPolicy: ordering.GapIgnore, FirstSeen: ordering.FirstSeenBaseline})
+		tr, db := setup(t, &sequence.Config{GapPolicy: ordering.GapIgnore, FirstSeen: ordering.FirstSeenBaseline})
 		inTx(t, db, func(tx pgx.Tx) {
 			require.NoError(t, tr.Hold(ctx, tx, agg, 1))
 			_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("dead_letters")+` (consumer, topic, kafka_partition, kafka_offset,
@@ -301,10 +302,34 @@ func TestTracker(t *testing.T) {
 			require.NoError(t, err)
 		})
 		c := check(t, tr, db, agg, 2)
-		require.Equal(t, ordering.Gap, c.Verdict, "no baseline: the dead letter holds the aggregate")
+		require.Equal(t, sequence.Gap, c.Verdict, "no baseline: the dead letter holds the aggregate")
 		require.True(t, c.Held)
 		c = check(t, tr, db, ordering.Aggregate{Type: "order", ID: "o-2"}, 2)
-		require.Equal(t, ordering.InOrder, c.Verdict, "other aggregates are not held")
+		require.Equal(t, sequence.InOrder, c.Verdict, "other aggregates are not held")
+	})
+
+	t.Run("GapOfALetterBeyondTheNextSequenceWithNothingParked", func(t *testing.T) {
+		t.Parallel()
+		tr, db := setup(t, nil)
+		check(t, tr, db, agg, 1)
+		inTx(t, db, func(tx pgx.Tx) {
+			require.NoError(t, tr.Hold(ctx, tx, agg, 3))
+			_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("dead_letters")+` (consumer, topic, kafka_partition, kafka_offset,
+				header_keys, header_values, aggregate_type, aggregate_id, aggregate_seq, error, attempts, fingerprint)
+				VALUES ('svc', 't', 0, 3, '{}', '{}', $1, $2, 3, 'boom', 1, '\x00')`, agg.Type, agg.ID)
+			require.NoError(t, err)
+		})
+		gap, err := tr.Gap(ctx, db.Pool, agg)
+		require.NoError(t, err)
+		require.NotNil(t, gap)
+		require.EqualValues(t, 2, gap.Expected)
+		require.Zero(t, gap.Parked)
+		require.Zero(t, gap.FirstParked)
+		require.EqualValues(t, 3, gap.DeadLetterSeq)
+		require.NotZero(t, gap.DeadLetterID)
+		none, err := tr.Gap(ctx, db.Pool, ordering.Aggregate{Type: "order", ID: "o-2"})
+		require.NoError(t, err)
+		require.Nil(t, none)
 	})
 
 	// Two transactions check the same sequence: the second waits for the
@@ -317,8 +342,8 @@ func TestTracker(t *testing.T) {
 		require.NoError(t, err)
 		c1, err := tr.Check(ctx, tx1, agg, 2)
 		require.NoError(t, err)
-		require.Equal(t, ordering.InOrder, c1.Verdict)
-		done := make(chan ordering.Check, 1)
+		require.Equal(t, sequence.InOrder, c1.Verdict)
+		done := make(chan sequence.Check, 1)
 		errc := make(chan error, 1)
 		go func() {
 			tx2, err := db.Pool.Begin(ctx)
@@ -333,7 +358,7 @@ func TestTracker(t *testing.T) {
 		}()
 		require.NoError(t, tx1.Commit(ctx))
 		require.NoError(t, <-errc)
-		require.Equal(t, ordering.Duplicate, (<-done).Verdict)
+		require.Equal(t, sequence.Duplicate, (<-done).Verdict)
 	})
 }
 
@@ -346,7 +371,7 @@ func TestFirstSightingWaitsForAPositionBeingCreated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, nil)
-	tr, err := ordering.New("svc", &ordering.Config{Schema: db.Schema})
+	tr, err := sequence.New("svc", &sequence.Config{Schema: db.Schema})
 	require.NoError(t, err)
 	a := ordering.Aggregate{Type: "order", ID: "o-1"}
 
@@ -356,7 +381,7 @@ func TestFirstSightingWaitsForAPositionBeingCreated(t *testing.T) {
 	for seq := int64(1); seq <= 5; seq++ {
 		c, err := tr.Check(ctx, batch, a, seq)
 		require.NoError(t, err)
-		require.Equal(t, ordering.InOrder, c.Verdict)
+		require.Equal(t, sequence.InOrder, c.Verdict)
 	}
 
 	sighting, err := db.Pool.Begin(ctx)
@@ -364,7 +389,7 @@ func TestFirstSightingWaitsForAPositionBeingCreated(t *testing.T) {
 	defer func() { _ = sighting.Rollback(ctx) }()
 	var pid uint32
 	require.NoError(t, sighting.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	verdict := make(chan ordering.Check, 1)
+	verdict := make(chan sequence.Check, 1)
 	go func() {
 		c, err := tr.Check(ctx, sighting, a, 6)
 		if err != nil {
@@ -382,7 +407,7 @@ func TestFirstSightingWaitsForAPositionBeingCreated(t *testing.T) {
 	}, "the sighting decided or waits for the batch")
 	require.NoError(t, batch.Commit(ctx))
 	c := <-verdict
-	require.Equal(t, ordering.InOrder, c.Verdict, "seq 6 follows the batch's seq 5")
+	require.Equal(t, sequence.InOrder, c.Verdict, "seq 6 follows the batch's seq 5")
 	require.EqualValues(t, 5, c.Last)
 	require.NoError(t, sighting.Commit(ctx))
 }

@@ -1,4 +1,4 @@
-package deadletter_test
+package letters_test
 
 import (
 	"context"
@@ -9,14 +9,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/letters"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 func TestFiltersAndGroups(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, nil)
-	s := deadletter.New(&deadletter.Config{Schema: db.Schema})
+	s := letters.New(tables.For(db.Schema).DeadLetters)
 	offset := int64(0)
 	add := func(topic, agg string, seq int64, reason deadletter.Reason, failure string) int64 {
 		t.Helper()

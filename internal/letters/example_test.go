@@ -1,4 +1,4 @@
-package deadletter_test
+package letters_test
 
 import (
 	"context"
@@ -8,10 +8,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/letters"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
-// An operator lists the open dead letters of a consumer and discards one.
+// A letter is put, listed and discarded.
 // consumer.Processor's Replay and Discard do the same and also re-apply the
 // record or release the records parked behind it.
 func Example() {
@@ -22,7 +24,7 @@ func Example() {
 		return
 	}
 	defer func() { _ = closeDB() }()
-	store := deadletter.New(&deadletter.Config{Schema: db.Schema})
+	store := letters.New(tables.For(db.Schema).DeadLetters)
 	// A letter is put in the transaction that gives up on its record.
 	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		_, err := store.Put(ctx, tx, &deadletter.Letter{

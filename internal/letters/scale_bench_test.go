@@ -1,4 +1,4 @@
-package deadletter_test
+package letters_test
 
 import (
 	"context"
@@ -7,7 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/letters"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // BenchmarkMillionLetters times the operator's reads on a consumer with a
@@ -26,7 +28,7 @@ SELECT 'svc', 'orders', 0, g, '{}', '{}', 'order', 'o-' || (g % 100000), g / 100
 FROM generate_series(1, 1000000) g;
 ANALYZE `+db.Table("dead_letters"))
 	require.NoError(b, err)
-	s := deadletter.New(&deadletter.Config{Schema: db.Schema})
+	s := letters.New(tables.For(db.Schema).DeadLetters)
 	for _, bm := range []struct {
 		name string
 		f    func() error

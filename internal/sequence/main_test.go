@@ -1,4 +1,4 @@
-package ordering_test
+package sequence_test
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package deadletter_test
+package letters_test
 
 import (
 	"context"
@@ -14,16 +14,18 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/letters"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 func TestStore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	setup := func(t *testing.T) (*deadletter.Store, *pgtest.DB) {
+	setup := func(t *testing.T) (*letters.Store, *pgtest.DB) {
 		t.Helper()
 		db := pgtest.New(t, nil)
-		return deadletter.New(&deadletter.Config{Schema: db.Schema}), db
+		return letters.New(tables.For(db.Schema).DeadLetters), db
 	}
 	letter := func(consumer, topic string, offset int64, aggID string) *deadletter.Letter {
 		return &deadletter.Letter{
@@ -235,7 +237,7 @@ func TestStore(t *testing.T) {
 }
 
 // put stores l in a transaction of its own.
-func put(ctx context.Context, s *deadletter.Store, db *pgxpool.Pool, l *deadletter.Letter) (id int64, err error) {
+func put(ctx context.Context, s *letters.Store, db *pgxpool.Pool, l *deadletter.Letter) (id int64, err error) {
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		id, err = s.Put(ctx, tx, l)
 		return err

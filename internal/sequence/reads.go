@@ -1,7 +1,8 @@
-package ordering
+package sequence
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -11,48 +12,29 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/recordsql"
 	"github.com/d419a114/outbox/internal/tables"
+	"github.com/d419a114/outbox/ordering"
 )
 
-// GapOpts filters and pages ListGaps. Zero fields do not filter.
-type GapOpts struct {
-	AggregateType, AggregateID string
-	// ParkedBefore keeps the gaps whose lowest parked record was parked
-	// before it: the ones at least that old.
-	ParkedBefore time.Time
-	// After pages: the page starts after this aggregate, in (type, id)
-	// order; give GapPage.Next of the page before.
-	After *Aggregate
-	// Limit bounds how many aggregates a page walks. Default 100.
-	Limit int
-}
-
-// GapPage is a page of a consumer's gaps.
-type GapPage struct {
-	// Gaps are the open gaps of the page's aggregates, in aggregate order.
-	Gaps []OpenGap
-	// Next is where the next page starts; nil after the last page. With
-	// ParkedBefore set, a page may hold fewer gaps than Limit (even none)
-	// and still have a Next.
-	Next *Aggregate
-}
-
-// ListGaps returns a page of the consumer's gaps: the aggregates with
+// ListGaps returns a page of the gaps of opts.Consumer (required): the aggregates with
 // records parked behind a missing sequence (or behind an open dead letter
 // inside the gap), in (type, id) order, read along an index of those
 // aggregates, so that a page costs the same however many records are
 // parked. A gap's Since is when its lowest parked record was parked. An
 // aggregate held only by an open dead letter beyond its next sequence,
 // with nothing parked, is not a gap here: its letter is listed with the
-// dead letters (Gaps, unpaged, has both).
-func (t *Tracker) ListGaps(ctx context.Context, db outbox.DB, opts *GapOpts) (GapPage, error) {
-	o := GapOpts{}
+// dead letters (Tracker.Gap reads both for one aggregate).
+func ListGaps(ctx context.Context, db outbox.DB, sql tables.Parked, opts *ordering.GapOpts) (ordering.GapPage, error) {
+	o := ordering.GapOpts{}
 	if opts != nil {
 		o = *opts
+	}
+	if o.Consumer == "" {
+		return ordering.GapPage{}, errors.New("ordering: list gaps: GapOpts.Consumer is empty; name the consumer whose gaps to read")
 	}
 	if o.Limit <= 0 {
 		o.Limit = 100
 	}
-	var after Aggregate
+	var after ordering.Aggregate
 	if o.After != nil {
 		after = *o.After
 	}
@@ -60,24 +42,24 @@ func (t *Tracker) ListGaps(ctx context.Context, db outbox.DB, opts *GapOpts) (Ga
 	if !o.ParkedBefore.IsZero() {
 		before = &o.ParkedBefore
 	}
-	rows, err := db.Query(ctx, t.parked.GapsPage, t.consumer, after.Type, after.ID, tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), before, o.Limit)
+	rows, err := db.Query(ctx, sql.GapsPage, o.Consumer, after.Type, after.ID, tables.Filter(o.AggregateType), tables.Filter(o.AggregateID), before, o.Limit)
 	if err != nil {
-		return GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
+		return ordering.GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
 	}
 	var (
-		page GapPage
-		last Aggregate
+		page ordering.GapPage
+		last ordering.Aggregate
 		n    int
 	)
 	for rows.Next() {
 		var (
-			g     OpenGap
+			g     ordering.OpenGap
 			dl    []int64
 			shown bool
 		)
 		if err := rows.Scan(&g.Aggregate.Type, &g.Aggregate.ID, &g.Last, &g.Parked, &g.FirstParked, &g.Since, &dl, &shown); err != nil {
 			rows.Close()
-			return GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
+			return ordering.GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
 		}
 		n++
 		last = g.Aggregate
@@ -91,7 +73,7 @@ func (t *Tracker) ListGaps(ctx context.Context, db outbox.DB, opts *GapOpts) (Ga
 		page.Gaps = append(page.Gaps, g)
 	}
 	if err := rows.Err(); err != nil {
-		return GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
+		return ordering.GapPage{}, fmt.Errorf("ordering: list gaps: %w", err)
 	}
 	if n == o.Limit {
 		page.Next = &last
@@ -99,22 +81,23 @@ func (t *Tracker) ListGaps(ctx context.Context, db outbox.DB, opts *GapOpts) (Ga
 	return page, nil
 }
 
-// ListParked returns up to limit (default 100) of agg's parked records
+// ListParked returns up to limit (default 100) of consumer's parked
+// records of agg
 // with a sequence above afterSeq, in sequence order: the records a
 // resolved gap would release, for an operator to look at. It changes
 // nothing. Each Record holds the first 256 bytes of its key and value and
 // no headers: it is a listing, bounded whatever the records hold.
-func (t *Tracker) ListParked(ctx context.Context, db outbox.DB, agg Aggregate, afterSeq int64, limit int) ([]Parked, error) {
+func ListParked(ctx context.Context, db outbox.DB, sql tables.Parked, consumer string, agg ordering.Aggregate, afterSeq int64, limit int) ([]ordering.Parked, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := db.Query(ctx, t.parked.List, t.consumer, agg.Type, agg.ID, afterSeq, limit)
+	rows, err := db.Query(ctx, sql.List, consumer, agg.Type, agg.ID, afterSeq, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ordering: list parked records of %s: %w", agg, err)
 	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Parked, error) {
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ordering.Parked, error) {
 		var (
-			p       = Parked{Aggregate: agg, Record: &kgo.Record{}}
+			p       = ordering.Parked{Aggregate: agg, Record: &kgo.Record{}}
 			keys    []string
 			values  [][]byte
 			recTime *time.Time
@@ -122,7 +105,7 @@ func (t *Tracker) ListParked(ctx context.Context, db outbox.DB, agg Aggregate, a
 		)
 		if err := r.Scan(&p.Seq, &p.Record.Topic, &p.Record.Partition, &p.Record.Offset, &p.Record.Key, &p.Record.Value,
 			&keys, &values, &recTime, &idemKey, &p.ParkedAt); err != nil {
-			return Parked{}, err
+			return ordering.Parked{}, err
 		}
 		p.Record.Headers = recordsql.Join(keys, values)
 		if recTime != nil {
@@ -137,4 +120,22 @@ func (t *Tracker) ListParked(ctx context.Context, db outbox.DB, agg Aggregate, a
 		return nil, fmt.Errorf("ordering: list parked records of %s: %w", agg, err)
 	}
 	return list, nil
+}
+
+// Position returns consumer's last applied sequence of agg, 0 and false
+// when it has none.
+func Position(ctx context.Context, db outbox.DB, sql tables.Positions, consumer string, agg ordering.Aggregate) (int64, bool, error) {
+	return position(ctx, db, sql.Read, consumer, agg)
+}
+
+func position(ctx context.Context, db outbox.DB, read, consumer string, agg ordering.Aggregate) (int64, bool, error) {
+	var last int64
+	err := db.QueryRow(ctx, read, consumer, agg.Type, agg.ID).Scan(&last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("ordering: read position of %s: %w", agg, err)
+	}
+	return last, true, nil
 }

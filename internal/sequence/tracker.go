@@ -1,4 +1,15 @@
-package ordering
+// Package sequence is the transaction protocol of per-aggregate ordering
+// that consumer.Processor drives: Check a record's sequence against its
+// aggregate's position, Park it ahead of a gap, Drain the parked records
+// that are next in line, Hold an aggregate behind a dead letter, SkipTo
+// past a gap. Each step runs in the caller's transaction, and the
+// guarantees rest on the Processor running them together with the claim
+// of the record's key and the dead-lettering of records that fail: parking
+// a record whose key was not claimed, or draining outside the transaction
+// that moved the position, can apply an event twice or out of order. The
+// operators' reads of the same tables are in reads.go, for
+// consumer.Inspector.
+package sequence
 
 import (
 	"context"
@@ -12,50 +23,14 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/recordsql"
 	"github.com/d419a114/outbox/internal/tables"
+	"github.com/d419a114/outbox/ordering"
 )
 
-// GapPolicy says what to do with a record that arrives ahead of a gap.
-type GapPolicy int
-
-const (
-	// GapPark stores the record in the parked table and applies it when the
-	// gap fills. The partition keeps flowing. The default.
-	GapPark GapPolicy = iota
-	// GapFail refuses the record with a *GapError, so that the partition
-	// stops and retries it until the gap fills.
-	GapFail
-	// GapIgnore applies the record, moves the position to it and reports
-	// the gap. Records that arrive later with a lower sequence are applied
-	// too (dedupe still catches real duplicates): ordering becomes advisory.
-	GapIgnore
-)
-
-func (p GapPolicy) String() string {
-	switch p {
-	case GapPark:
-		return "park"
-	case GapFail:
-		return "fail"
-	case GapIgnore:
-		return "ignore"
-	}
-	return fmt.Sprintf("GapPolicy(%d)", int(p))
-}
-
-// FirstSeenPolicy says how to treat an aggregate's first record when its
-// sequence is above 1. See the package documentation for why the default
-// is FirstSeenStrict.
-type FirstSeenPolicy int
-
-const (
-	// FirstSeenStrict treats the record as a gap after sequence 0: it is
-	// parked until the sequences before it are applied. The default.
-	FirstSeenStrict FirstSeenPolicy = iota
-	// FirstSeenBaseline applies the record and takes its sequence as the
-	// aggregate's starting point; an earlier record arriving later is then
-	// skipped as a duplicate.
-	FirstSeenBaseline
-)
+// ErrStopDrain is returned by a Drain callback to stop draining without an
+// error and without moving the position past the record it was given. The
+// callback must have disposed of the record (dead-lettered it, typically),
+// since Drain already took it out of the parked table.
+var ErrStopDrain = errors.New("ordering: stop draining")
 
 // Verdict is how a record's sequence relates to its aggregate's position.
 type Verdict int
@@ -81,14 +56,6 @@ func (v Verdict) String() string {
 	return fmt.Sprintf("Verdict(%d)", int(v))
 }
 
-// Aggregate names the entity a sequence belongs to.
-type Aggregate struct {
-	Type string
-	ID   string
-}
-
-func (a Aggregate) String() string { return a.Type + "/" + a.ID }
-
 // Check is the outcome of Tracker.Check.
 type Check struct {
 	Verdict Verdict
@@ -107,11 +74,11 @@ type Config struct {
 	// Schema holds the tables. Default outbox.DefaultSchema.
 	Schema string
 	// GapPolicy applies to records that arrive ahead of a gap. Default
-	// GapPark.
-	GapPolicy GapPolicy
+	// ordering.GapPark.
+	GapPolicy ordering.GapPolicy
 	// FirstSeen applies to an aggregate's first record when its sequence is
-	// above 1. Default FirstSeenStrict.
-	FirstSeen FirstSeenPolicy
+	// above 1. Default ordering.FirstSeenStrict.
+	FirstSeen ordering.FirstSeenPolicy
 }
 
 // Tracker keeps the positions of one consumer. It is safe for concurrent
@@ -140,10 +107,10 @@ func New(consumer string, cfg *Config) (*Tracker, error) {
 	if err := tables.CheckSchema(c.Schema); err != nil {
 		return nil, fmt.Errorf("ordering: %w", err)
 	}
-	if c.GapPolicy < GapPark || c.GapPolicy > GapIgnore {
+	if c.GapPolicy < ordering.GapPark || c.GapPolicy > ordering.GapIgnore {
 		return nil, fmt.Errorf("ordering: unknown gap policy %d", int(c.GapPolicy))
 	}
-	if c.FirstSeen < FirstSeenStrict || c.FirstSeen > FirstSeenBaseline {
+	if c.FirstSeen < ordering.FirstSeenStrict || c.FirstSeen > ordering.FirstSeenBaseline {
 		return nil, fmt.Errorf("ordering: unknown first-seen policy %d", int(c.FirstSeen))
 	}
 	sql := tables.For(c.Schema)
@@ -154,20 +121,20 @@ func New(consumer string, cfg *Config) (*Tracker, error) {
 func (t *Tracker) Consumer() string { return t.consumer }
 
 // Policy returns the gap policy.
-func (t *Tracker) Policy() GapPolicy { return t.cfg.GapPolicy }
+func (t *Tracker) Policy() ordering.GapPolicy { return t.cfg.GapPolicy }
 
 // advanceSQL returns the hot-path statement and its arguments for a record
 // of agg at seq: a row (the parked count) means InOrder and the position
 // moved; no row means the slow path must classify the record.
-func (t *Tracker) advanceSQL(agg Aggregate, seq int64) (string, []any) {
-	return t.pos.Advance, []any{t.consumer, agg.Type, agg.ID, seq, t.cfg.FirstSeen == FirstSeenBaseline}
+func (t *Tracker) advanceSQL(agg ordering.Aggregate, seq int64) (string, []any) {
+	return t.pos.Advance, []any{t.consumer, agg.Type, agg.ID, seq, t.cfg.FirstSeen == ordering.FirstSeenBaseline}
 }
 
 // Check classifies seq for agg inside tx. On InOrder the position has
 // already moved to seq in tx, so the caller must apply the record in tx or
 // roll back. On Duplicate and Gap nothing changed; the position's row stays
 // locked until tx ends. seq must be at least 1.
-func (t *Tracker) Check(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64) (Check, error) {
+func (t *Tracker) Check(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate, seq int64) (Check, error) {
 	if seq < 1 {
 		return Check{}, fmt.Errorf("ordering: sequence %d of %s is below 1", seq, agg)
 	}
@@ -185,7 +152,7 @@ func (t *Tracker) Check(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64
 		var last int64
 		err = tx.QueryRow(ctx, t.pos.Lock, t.consumer, agg.Type, agg.ID).Scan(&last, &parked)
 		if errors.Is(err, pgx.ErrNoRows) {
-			if seq == 1 || t.cfg.FirstSeen == FirstSeenBaseline {
+			if seq == 1 || t.cfg.FirstSeen == ordering.FirstSeenBaseline {
 				continue // a concurrent transaction rolled back its insert; retry
 			}
 			if created {
@@ -218,7 +185,7 @@ func (t *Tracker) Check(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64
 	return Check{}, fmt.Errorf("ordering: position of %s keeps moving; retry", agg)
 }
 
-func (t *Tracker) gap(ctx context.Context, tx pgx.Tx, agg Aggregate, last, seq int64, parked int) (Check, error) {
+func (t *Tracker) gap(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate, last, seq int64, parked int) (Check, error) {
 	var held bool
 	if err := tx.QueryRow(ctx, t.holds, t.consumer, agg.Type, agg.ID, last, seq).Scan(&held); err != nil {
 		return Check{}, fmt.Errorf("ordering: look for dead letters holding %s: %w", agg, err)
@@ -226,22 +193,10 @@ func (t *Tracker) gap(ctx context.Context, tx pgx.Tx, agg Aggregate, last, seq i
 	return Check{Verdict: Gap, Last: last, Parked: parked, Held: held}, nil
 }
 
-// Parked is a record waiting in the parked table.
-type Parked struct {
-	Aggregate Aggregate
-	Seq       int64
-	// Record is the record as it arrived: topic, partition, offset, key,
-	// value, headers and timestamp.
-	Record *kgo.Record
-	// IdempotencyKey is the key the record was claimed under, if any.
-	IdempotencyKey string
-	ParkedAt       time.Time
-}
-
 // Park stores rec in tx to be applied after its predecessors, and reports
 // whether it was stored: false means a record with this sequence is parked
 // already (a duplicate).
-func (t *Tracker) Park(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64, rec *kgo.Record, idempotencyKey string) (bool, error) {
+func (t *Tracker) Park(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate, seq int64, rec *kgo.Record, idempotencyKey string) (bool, error) {
 	keys, values := recordsql.Split(rec.Headers)
 	var ts *time.Time
 	if !rec.Timestamp.IsZero() {
@@ -272,7 +227,7 @@ func (t *Tracker) Park(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64,
 // at apply's first other error (which it returns; the caller should roll
 // back). It returns how many it applied; a caller that bounds its
 // transactions drains again, in a new one, while that count reaches limit.
-func (t *Tracker) Drain(ctx context.Context, tx pgx.Tx, agg Aggregate, limit int, apply func(context.Context, *Parked) error) (int, error) {
+func (t *Tracker) Drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate, limit int, apply func(context.Context, *ordering.Parked) error) (int, error) {
 	n := 0
 	for limit <= 0 || n < limit {
 		p, err := t.pop(ctx, tx, agg)
@@ -296,7 +251,7 @@ func (t *Tracker) Drain(ctx context.Context, tx pgx.Tx, agg Aggregate, limit int
 // Lock takes the row lock on agg's position until tx ends, so that a drain
 // in tx does not race another transaction on the aggregate. It reports
 // whether the aggregate has a position.
-func (t *Tracker) Lock(ctx context.Context, tx pgx.Tx, agg Aggregate) (bool, error) {
+func (t *Tracker) Lock(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate) (bool, error) {
 	var (
 		last   int64
 		parked int
@@ -315,13 +270,13 @@ func (t *Tracker) Lock(ctx context.Context, tx pgx.Tx, agg Aggregate) (bool, err
 // (its sequence follows the position) although nothing is draining it: a
 // drain bounded by its limit, or one whose process stopped between two
 // transactions, left it there. Drain each, under Lock, oldest first.
-func (t *Tracker) Ready(ctx context.Context, db outbox.DB, limit int) ([]Aggregate, error) {
+func (t *Tracker) Ready(ctx context.Context, db outbox.DB, limit int) ([]ordering.Aggregate, error) {
 	rows, err := db.Query(ctx, t.parked.Ready, t.consumer, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ordering: list aggregates ready to drain: %w", err)
 	}
-	aggs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Aggregate, error) {
-		var a Aggregate
+	aggs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ordering.Aggregate, error) {
+		var a ordering.Aggregate
 		err := r.Scan(&a.Type, &a.ID)
 		return a, err
 	})
@@ -331,9 +286,9 @@ func (t *Tracker) Ready(ctx context.Context, db outbox.DB, limit int) ([]Aggrega
 	return aggs, nil
 }
 
-func (t *Tracker) pop(ctx context.Context, tx pgx.Tx, agg Aggregate) (*Parked, error) {
+func (t *Tracker) pop(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate) (*ordering.Parked, error) {
 	var (
-		p        = Parked{Aggregate: agg, Record: &kgo.Record{}}
+		p        = ordering.Parked{Aggregate: agg, Record: &kgo.Record{}}
 		keys     []string
 		values   [][]byte
 		recTime  *time.Time
@@ -362,12 +317,12 @@ func (t *Tracker) pop(ctx context.Context, tx pgx.Tx, agg Aggregate) (*Parked, e
 // Hold makes sure agg has a position, so that records after seq see a gap
 // and are parked until seq is resolved. Call it when seq is dead-lettered,
 // in the dead letter's transaction. A position it creates is where the
-// first-seen policy puts an aggregate never seen: 0 under FirstSeenStrict
+// first-seen policy puts an aggregate never seen: 0 under ordering.FirstSeenStrict
 // (the sequences below seq are still owed, not skipped), seq-1 under
-// FirstSeenBaseline.
-func (t *Tracker) Hold(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64) error {
+// ordering.FirstSeenBaseline.
+func (t *Tracker) Hold(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate, seq int64) error {
 	start := int64(0)
-	if t.cfg.FirstSeen == FirstSeenBaseline {
+	if t.cfg.FirstSeen == ordering.FirstSeenBaseline {
 		start = seq - 1
 	}
 	if _, err := tx.Exec(ctx, t.pos.Hold, t.consumer, agg.Type, agg.ID, start); err != nil {
@@ -380,7 +335,7 @@ func (t *Tracker) Hold(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64)
 // moves to seq if it is below it. It reports whether it moved and how many
 // records are parked. Call Drain next, in the same transaction, to apply the
 // records that are now in line.
-func (t *Tracker) SkipTo(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int64) (bool, int, error) {
+func (t *Tracker) SkipTo(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate, seq int64) (bool, int, error) {
 	var parked int
 	err := tx.QueryRow(ctx, t.pos.SkipTo, t.consumer, agg.Type, agg.ID, seq).Scan(&parked)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -392,65 +347,30 @@ func (t *Tracker) SkipTo(ctx context.Context, tx pgx.Tx, agg Aggregate, seq int6
 	return true, parked, nil
 }
 
-// OpenGap is an aggregate with records parked behind missing sequences.
-type OpenGap struct {
-	Aggregate Aggregate
-	// Last is the last sequence applied; Expected = Last+1 is missing.
-	Last, Expected int64
-	// FirstParked is the lowest parked sequence; the gap is
-	// Expected..FirstParked-1. It is 0, as Parked is, for an aggregate
-	// with nothing parked whose dead letter lies beyond Expected: the gap
-	// is then Expected..DeadLetterSeq-1.
-	FirstParked int64
-	// Parked is how many records wait.
-	Parked int
-	// Since is when the oldest of them was parked, or when the letter
-	// first failed.
-	Since time.Time
-	// DeadLetterID is the lowest open dead letter inside the gap, at
-	// DeadLetterSeq (Expected when the gap is that record alone); 0 when
-	// the gap holds only missing records.
-	DeadLetterID, DeadLetterSeq int64
-}
-
-// Gaps lists the consumer's open gaps, oldest first: every aggregate whose
-// next sequence is missing while a later one waits, parked or dead-lettered.
-func (t *Tracker) Gaps(ctx context.Context, db outbox.DB) ([]OpenGap, error) {
-	rows, err := db.Query(ctx, t.parked.Gaps, t.consumer)
-	if err != nil {
-		return nil, fmt.Errorf("ordering: list gaps: %w", err)
-	}
-	var out []OpenGap
-	for rows.Next() {
-		var g OpenGap
-		var dl []int64
-		if err := rows.Scan(&g.Aggregate.Type, &g.Aggregate.ID, &g.Last, &g.Parked, &g.FirstParked, &g.Since, &dl); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("ordering: list gaps: %w", err)
-		}
-		g.Expected = g.Last + 1
-		if len(dl) == 2 {
-			g.DeadLetterID, g.DeadLetterSeq = dl[0], dl[1]
-		}
-		out = append(out, g)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("ordering: list gaps: %w", err)
-	}
-	return out, nil
-}
-
 // Position returns agg's last applied sequence, 0 and false when it has
 // none.
-func (t *Tracker) Position(ctx context.Context, db outbox.DB, agg Aggregate) (int64, bool, error) {
-	var last int64
-	err := db.QueryRow(ctx, t.pos.Read,
-		t.consumer, agg.Type, agg.ID).Scan(&last)
+func (t *Tracker) Position(ctx context.Context, db outbox.DB, agg ordering.Aggregate) (int64, bool, error) {
+	return position(ctx, db, t.pos.Read, t.consumer, agg)
+}
+
+// Gap returns agg's open gap, nil when it has none: the gap of its parked
+// records, or, with nothing parked, the one before its lowest open dead
+// letter when that lies beyond the next sequence.
+func (t *Tracker) Gap(ctx context.Context, db outbox.DB, agg ordering.Aggregate) (*ordering.OpenGap, error) {
+	var (
+		g  = ordering.OpenGap{Aggregate: agg}
+		dl []int64
+	)
+	err := db.QueryRow(ctx, t.parked.Gap, t.consumer, agg.Type, agg.ID).Scan(&g.Last, &g.Parked, &g.FirstParked, &g.Since, &dl)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("ordering: read position: %w", err)
+		return nil, fmt.Errorf("ordering: read the gap of %s: %w", agg, err)
 	}
-	return last, true, nil
+	g.Expected = g.Last + 1
+	if len(dl) == 2 {
+		g.DeadLetterID, g.DeadLetterSeq = dl[0], dl[1]
+	}
+	return &g, nil
 }
