@@ -170,7 +170,9 @@ func testRoles(t *testing.T, partitioned bool) {
 
 	// operator: reads the letter and submits its replay, which the
 	// consumer serves.
-	letters, err := deadletter.New(&deadletter.Config{Schema: db.Schema}).List(ctx, operatorPool, &deadletter.ListOpts{Consumer: "svc", Status: deadletter.StatusDead})
+	reads, err := consumer.NewInspector(operatorPool, db.Schema)
+	require.NoError(t, err)
+	letters, err := reads.Letters(ctx, &deadletter.ListOpts{Consumer: "svc", Status: deadletter.StatusDead})
 	require.NoError(t, err, "operator lists letters")
 	require.Len(t, letters, 1)
 	fixed = true

@@ -18,7 +18,7 @@ import (
 // one, in the order the request takes them, and stops an aggregate at its
 // first failure as the request must.
 //
-// The order comes from deadletter.Store.Match; that it is the same in
+// The order comes from consumer.Inspector.MatchLetters; that it is the same in
 // every mode and puts each aggregate's sequenced letters in sequence order
 // is checked here, so what the model verifies is how a bulk request
 // composes single actions: counts, stopping, and the state they leave.

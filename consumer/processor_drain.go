@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/internal/sequence"
+	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
 )
 

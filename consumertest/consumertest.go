@@ -467,8 +467,9 @@ func (h *harness) runMode(ctx context.Context, seed uint64, sc *schedule, mode s
 			return nil, problem, err
 		}
 	}
+	in, open := p.Inspector(), &deadletter.ListOpts{Consumer: p.Name(), Status: deadletter.StatusDead}
 	for range 10 {
-		letters, err := p.DeadLetters(ctx, &deadletter.ListOpts{Status: deadletter.StatusDead})
+		letters, err := in.Letters(ctx, open)
 		if err != nil {
 			return nil, "", fmt.Errorf("consumertest: list dead letters: %w", err)
 		}
@@ -479,7 +480,7 @@ func (h *harness) runMode(ctx context.Context, seed uint64, sc *schedule, mode s
 			_, _ = p.Replay(ctx, l.ID)
 		}
 	}
-	letters, err := p.DeadLetters(ctx, &deadletter.ListOpts{Status: deadletter.StatusDead})
+	letters, err := in.Letters(ctx, open)
 	if err != nil {
 		return nil, "", fmt.Errorf("consumertest: list dead letters: %w", err)
 	}
@@ -488,12 +489,12 @@ func (h *harness) runMode(ctx context.Context, seed uint64, sc *schedule, mode s
 		_, rerr := p.Replay(ctx, l.ID)
 		return nil, fmt.Sprintf("record %d is still dead-lettered after its replay: %s (replay: %v)", w.sample(l.Record.Offset), l.Error, rerr), nil
 	}
-	gaps, err := p.Gaps(ctx)
+	gaps, err := in.Gaps(ctx, &ordering.GapOpts{Consumer: p.Name(), Limit: 1})
 	if err != nil {
 		return nil, "", fmt.Errorf("consumertest: gaps: %w", err)
 	}
-	if len(gaps) > 0 {
-		g := gaps[0]
+	if len(gaps.Gaps) > 0 {
+		g := gaps.Gaps[0]
 		return nil, fmt.Sprintf("%d records of %s are still parked, waiting for seq %d, after every record was delivered: are the sample's sequences of it without a hole?", g.Parked, g.Aggregate, g.Expected), nil
 	}
 

@@ -146,18 +146,16 @@ func TestBrowser(t *testing.T) {
 	// in order, nothing parked, the position at 3.
 	require.Empty(t, f.open(t, "o-1"))
 	require.Equal(t, []string{"o-1:1", "o-1:2", "o-1:3"}, f.appliedOf("o-1"))
-	ls, err := deadletter.New(&deadletter.Config{Schema: f.db.Schema}).List(ctx, f.db.Pool,
-		&deadletter.ListOpts{Consumer: "billing", AggregateID: "o-1"})
+	in := f.proc.Inspector()
+	ls, err := in.Letters(ctx, &deadletter.ListOpts{Consumer: "billing", AggregateID: "o-1"})
 	require.NoError(t, err)
 	require.Len(t, ls, 1)
 	require.Equal(t, deadletter.StatusReplayed, ls[0].Status)
-	tr, err := ordering.New("billing", &ordering.Config{Schema: f.db.Schema})
-	require.NoError(t, err)
 	agg := ordering.Aggregate{Type: "order", ID: "o-1"}
-	last, _, err := tr.Position(ctx, f.db.Pool, agg)
+	last, _, err := in.Position(ctx, "billing", agg)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, last)
-	parked, err := tr.ListParked(ctx, f.db.Pool, agg, 0, 0)
+	parked, err := in.Parked(ctx, "billing", agg, 0, 0)
 	require.NoError(t, err)
 	require.Empty(t, parked)
 

@@ -115,7 +115,7 @@ func (d *Dashboard) confirmLetter(r *http.Request, data *confirmData, id string)
 	if err != nil {
 		return &badRequest{http.StatusBadRequest, fmt.Errorf("dashboard: letter id %q is not a number", id)}
 	}
-	l, err := d.letters.Peek(r.Context(), d.pool, n)
+	l, err := d.cons.PeekLetter(r.Context(), n)
 	if errors.Is(err, outbox.ErrNotFound) || (err == nil && l.Consumer != data.Consumer) {
 		return &badRequest{http.StatusNotFound, fmt.Errorf("dashboard: consumer %q has no dead letter %d", data.Consumer, n)}
 	}
@@ -136,7 +136,7 @@ func (d *Dashboard) confirmLetter(r *http.Request, data *confirmData, id string)
 		}
 		// The aggregate's parked count, not just the first listed: its
 		// open letters are few, so the bound is never reached in practice.
-		p, err := d.letters.Preview(r.Context(), d.pool, &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
+		p, err := d.cons.PreviewLetters(r.Context(), &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
 			AggregateType: l.AggregateType, AggregateID: l.AggregateID, Limit: d.cfg.CountCap + 1})
 		if err != nil {
 			return err
@@ -164,7 +164,7 @@ func (d *Dashboard) confirmBulk(r *http.Request, data *confirmData, q url.Values
 	}
 	count := opts
 	count.Limit = d.cfg.CountCap + 1
-	p, err := d.letters.Preview(r.Context(), d.pool, &count)
+	p, err := d.cons.PreviewLetters(r.Context(), &count)
 	if err != nil {
 		return err
 	}
@@ -172,7 +172,7 @@ func (d *Dashboard) confirmBulk(r *http.Request, data *confirmData, q url.Values
 	data.AtLeast = p.Letters > int64(d.cfg.CountCap)
 	first := opts
 	first.Limit = maxRefs + 1
-	if data.Refs, err = d.letters.Match(r.Context(), d.pool, &first); err != nil {
+	if data.Refs, err = d.cons.MatchLetters(r.Context(), &first); err != nil {
 		return err
 	}
 	if len(data.Refs) > maxRefs {
@@ -204,19 +204,15 @@ func (d *Dashboard) confirmGap(r *http.Request, data *confirmData, q url.Values)
 		return &badRequest{http.StatusBadRequest, errors.New("dashboard: resolve_gap needs aggregate_type and aggregate_id")}
 	}
 	data.Fields = []field{{"aggregate_type", agg.Type}, {"aggregate_id", agg.ID}}
-	tr, err := ordering.New(data.Consumer, &ordering.Config{Schema: d.cfg.Schema})
-	if err != nil {
-		return &badRequest{http.StatusBadRequest, err}
-	}
-	last, _, err := tr.Position(r.Context(), d.pool, agg)
+	last, _, err := d.cons.Position(r.Context(), data.Consumer, agg)
 	if err != nil {
 		return err
 	}
-	succ, err := tr.ListParked(r.Context(), d.pool, agg, last, maxSuccessors)
+	succ, err := d.cons.Parked(r.Context(), data.Consumer, agg, last, maxSuccessors)
 	if err != nil {
 		return err
 	}
-	letters, err := d.letters.List(r.Context(), d.pool, &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
+	letters, err := d.cons.Letters(r.Context(), &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
 		AggregateType: agg.Type, AggregateID: agg.ID, Limit: 1, Brief: true})
 	if err != nil {
 		return err

@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
-	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/dedupe"
 	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/operator"
@@ -61,7 +61,7 @@ type Config struct {
 	// AllowRemote. Default none: loopback names only.
 	Hosts []string
 	// HealthEvery is how often the overview reads the consumers' health
-	// (consumer.ReadHealth and their gaps, which count over their
+	// (consumer.Inspector.Health and their gaps, which count over their
 	// tables); views in between show the last sample and its age, so a
 	// page reloaded by many people costs one read a period. Default 1m;
 	// negative reads on every view.
@@ -95,16 +95,16 @@ type Config struct {
 // Dashboard is the dashboard's http.Handler. It is safe for concurrent
 // use.
 type Dashboard struct {
-	cfg     Config
-	pool    *pgxpool.Pool
-	mux     *http.ServeMux
-	pages   pages
-	letters *deadletter.Store
-	ops     *operator.Store
-	prod    *producer.Inspector
-	dead    *producer.DeadEvents
-	origin  *http.CrossOriginProtection
-	log     *slog.Logger
+	cfg    Config
+	pool   *pgxpool.Pool
+	mux    *http.ServeMux
+	pages  pages
+	cons   *consumer.Inspector
+	ops    *operator.Store
+	prod   *producer.Inspector
+	dead   *producer.DeadEvents
+	origin *http.CrossOriginProtection
+	log    *slog.Logger
 	// sample holds the overview's consumer rows; see Config.HealthEvery.
 	sample consumerSample
 	// submitted holds the forms posted lately; see submitOnce.
@@ -182,17 +182,21 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
 	}
+	cons, err := consumer.NewInspector(pool, c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
 	dead, err := producer.NewDeadEvents(&producer.DeadEventsConfig{Schema: c.Schema})
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
 	}
 	d := &Dashboard{
 		cfg: c, pool: pool, pages: ps, log: c.Logger,
-		letters: deadletter.New(&deadletter.Config{Schema: c.Schema}),
-		ops:     operator.New(&operator.Config{Schema: c.Schema}),
-		prod:    prod,
-		dead:    dead,
-		origin:  http.NewCrossOriginProtection(),
+		cons:   cons,
+		ops:    operator.New(&operator.Config{Schema: c.Schema}),
+		prod:   prod,
+		dead:   dead,
+		origin: http.NewCrossOriginProtection(),
 	}
 	d.mux = d.routes()
 	return d, nil

@@ -375,7 +375,7 @@ func TestBoundedPaging(t *testing.T) {
 		}
 	}
 	require.Len(t, seen, 5)
-	want, err := deadletter.New(&deadletter.Config{Schema: f.db.Schema}).List(context.Background(), f.db.Pool, &deadletter.ListOpts{Consumer: "billing"})
+	want, err := f.proc.Inspector().Letters(context.Background(), &deadletter.ListOpts{Consumer: "billing"})
 	require.NoError(t, err)
 	for i, l := range want {
 		require.Equal(t, strconv.FormatInt(l.ID, 10), seen[i], "pages in id order, none twice")
@@ -385,11 +385,9 @@ func TestBoundedPaging(t *testing.T) {
 	for i := range 5 {
 		f.process(t, "p-"+strconv.Itoa(i), "v", 2)
 	}
-	tr, err := ordering.New("billing", &ordering.Config{Schema: f.db.Schema})
+	all, err := f.proc.Inspector().Gaps(context.Background(), &ordering.GapOpts{Consumer: "billing"})
 	require.NoError(t, err)
-	all, err := tr.Gaps(context.Background(), f.db.Pool)
-	require.NoError(t, err)
-	require.Len(t, all, 5)
+	require.Len(t, all.Gaps, 5)
 	var gaps []string
 	for path := "/consumers/billing/gaps"; path != ""; {
 		page := b.page(path)

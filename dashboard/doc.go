@@ -20,7 +20,7 @@
 // unless Config.AllowRemote is set.
 //
 // Every action first shows a confirmation that says what it will touch:
-// how many letters (deadletter.Store.Preview, capped at Config.CountCap),
+// how many letters (consumer.Inspector.PreviewLetters, capped at Config.CountCap),
 // how many aggregates, and which parked successors drain. A consumer's
 // actions are operator requests (operator.Store.Submit, with the
 // authorized actor as RequestedBy): the consumer's running process, which

@@ -111,7 +111,7 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', '{"a":1}', 
 // open returns billing's open letters of agg.
 func (f *fixture) open(t testing.TB, agg string) []*deadletter.Letter {
 	t.Helper()
-	ls, err := f.proc.DeadLetters(context.Background(), &deadletter.ListOpts{Status: deadletter.StatusDead, AggregateID: agg})
+	ls, err := f.proc.Inspector().Letters(context.Background(), &deadletter.ListOpts{Consumer: "billing", Status: deadletter.StatusDead, AggregateID: agg})
 	require.NoError(t, err)
 	return ls
 }

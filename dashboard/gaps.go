@@ -33,14 +33,9 @@ type gapView struct {
 
 func (d *Dashboard) gaps(w http.ResponseWriter, r *http.Request) {
 	consumer := r.PathValue("consumer")
-	tr, err := ordering.New(consumer, &ordering.Config{Schema: d.cfg.Schema})
-	if err != nil {
-		d.fail(w, r, http.StatusBadRequest, err)
-		return
-	}
 	q := r.URL.Query()
 	data := gapsData{Consumer: consumer, AggregateType: q.Get("aggregate_type"), AggregateID: q.Get("aggregate_id"), OlderThan: q.Get("older_than")}
-	opts := ordering.GapOpts{AggregateType: data.AggregateType, AggregateID: data.AggregateID, Limit: d.cfg.PageSize}
+	opts := ordering.GapOpts{Consumer: consumer, AggregateType: data.AggregateType, AggregateID: data.AggregateID, Limit: d.cfg.PageSize}
 	if err := checkFilterSize(q); err != nil {
 		d.fail(w, r, http.StatusBadRequest, err)
 		return
@@ -56,14 +51,14 @@ func (d *Dashboard) gaps(w http.ResponseWriter, r *http.Request) {
 	if q.Has("after_type") || q.Has("after_id") {
 		opts.After = &ordering.Aggregate{Type: q.Get("after_type"), ID: q.Get("after_id")}
 	}
-	page, err := tr.ListGaps(r.Context(), d.pool, &opts)
+	page, err := d.cons.Gaps(r.Context(), &opts)
 	if err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
 	for _, g := range page.Gaps {
 		v := gapView{OpenGap: g}
-		if v.Records, err = tr.ListParked(r.Context(), d.pool, g.Aggregate, g.Last, maxSuccessors); err != nil {
+		if v.Records, err = d.cons.Parked(r.Context(), consumer, g.Aggregate, g.Last, maxSuccessors); err != nil {
 			d.fail(w, r, http.StatusInternalServerError, err)
 			return
 		}

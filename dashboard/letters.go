@@ -61,7 +61,7 @@ func (d *Dashboard) letterList(w http.ResponseWriter, r *http.Request) {
 
 	count := opts
 	count.Limit = d.cfg.CountCap + 1
-	p, err := d.letters.Preview(ctx, d.pool, &count)
+	p, err := d.cons.PreviewLetters(ctx, &count)
 	if err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
 		return
@@ -69,7 +69,7 @@ func (d *Dashboard) letterList(w http.ResponseWriter, r *http.Request) {
 	data.Count, data.Aggregates, data.Parked = capped(p.Letters, d.cfg.CountCap), p.Aggregates, p.Parked
 	data.AtLeast = p.Letters > int64(d.cfg.CountCap)
 
-	fs, err := d.letters.Failures(ctx, d.pool, consumer, maxFailureGroups)
+	fs, err := d.cons.Failures(ctx, consumer, maxFailureGroups)
 	if err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
 		return
@@ -81,7 +81,7 @@ func (d *Dashboard) letterList(w http.ResponseWriter, r *http.Request) {
 
 	opts.Limit = d.cfg.PageSize + 1
 	opts.Brief = true
-	ls, err := d.letters.List(ctx, d.pool, &opts)
+	ls, err := d.cons.Letters(ctx, &opts)
 	if err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
 		return
@@ -157,7 +157,7 @@ func (d *Dashboard) openLetter(w http.ResponseWriter, r *http.Request, consumer,
 		d.fail(w, r, http.StatusBadRequest, errors.New("dashboard: letter id "+strconv.Quote(id)+" is not a number"))
 		return nil, false
 	}
-	l, err := d.letters.Peek(r.Context(), d.pool, n)
+	l, err := d.cons.PeekLetter(r.Context(), n)
 	if errors.Is(err, outbox.ErrNotFound) || (err == nil && l.Consumer != consumer) {
 		d.fail(w, r, http.StatusNotFound, errors.New("dashboard: consumer "+strconv.Quote(consumer)+" has no dead letter "+id))
 		return nil, false
@@ -171,11 +171,7 @@ func (d *Dashboard) openLetter(w http.ResponseWriter, r *http.Request, consumer,
 
 // successors reads the first records of agg parked after seq.
 func (d *Dashboard) successors(r *http.Request, consumer string, agg ordering.Aggregate, seq int64) ([]ordering.Parked, error) {
-	tr, err := ordering.New(consumer, &ordering.Config{Schema: d.cfg.Schema})
-	if err != nil {
-		return nil, err
-	}
-	return tr.ListParked(r.Context(), d.pool, agg, seq, maxSuccessors)
+	return d.cons.Parked(r.Context(), consumer, agg, seq, maxSuccessors)
 }
 
 // drains counts the records of ps, in sequence order, that follow on

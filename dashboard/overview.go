@@ -97,7 +97,7 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 	if data.ProducerErr == "" && data.Producer.Undelivered > 0 && data.Producer.Dispatch != producer.DispatchCDC {
 		data.NoRelay = !slices.ContainsFunc(data.Relays, func(i producer.RelayInstance) bool { return i.Live })
 	}
-	if data.Members, err = consumer.Members(ctx, d.pool, d.cfg.Schema, ""); err != nil {
+	if data.Members, err = d.cons.Members(ctx, ""); err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
@@ -124,7 +124,7 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 // readConsumers reads the consumers' rows into d.sample, under its mu:
 // one view reads them while the others wait for its result.
 func (d *Dashboard) readConsumers(r *http.Request) error {
-	names, err := consumer.Consumers(r.Context(), d.pool, d.cfg.Schema)
+	names, err := d.cons.Consumers(r.Context())
 	if err != nil {
 		return err
 	}
@@ -194,7 +194,7 @@ func horizonWarnings(s consumerSummary, keep time.Duration) []string {
 // readLag reads s's group lag from the broker: the group its members
 // last reported. A lag that cannot be read is shown as why.
 func (d *Dashboard) readLag(ctx context.Context, s *consumerSummary) {
-	ms, err := consumer.Members(ctx, d.pool, d.cfg.Schema, s.Name)
+	ms, err := d.cons.Members(ctx, s.Name)
 	if err != nil || len(ms) == 0 || ms[0].Group == "" {
 		s.LagErr = "no member has reported its group"
 		return

@@ -43,21 +43,17 @@ func (d *Dashboard) search(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := searchData{Consumer: r.PathValue("consumer"), AggregateType: q.Get("aggregate_type"), AggregateID: q.Get("aggregate_id"), Key: q.Get("key")}
-	tr, err := ordering.New(data.Consumer, &ordering.Config{Schema: d.cfg.Schema})
-	if err != nil {
-		d.fail(w, r, http.StatusBadRequest, err)
-		return
-	}
+	var err error
 	switch {
 	case data.Key != "":
 		data.Searched = true
-		err = d.searchKey(r.Context(), tr, &data)
+		err = d.searchKey(r.Context(), &data)
 	case data.AggregateID != "" && data.AggregateType == "":
 		d.fail(w, r, http.StatusBadRequest, errors.New("dashboard: give the aggregate's type with its id: the tables are kept by both"))
 		return
 	case data.AggregateID != "":
 		data.Searched = true
-		err = d.searchAggregate(r.Context(), tr, &data)
+		err = d.searchAggregate(r.Context(), &data)
 	}
 	if err != nil {
 		d.fail(w, r, http.StatusInternalServerError, err)
@@ -68,30 +64,30 @@ func (d *Dashboard) search(w http.ResponseWriter, r *http.Request) {
 
 // searchAggregate fills data with what the tables hold of its aggregate:
 // its position, its gap and parked records, its open letters.
-func (d *Dashboard) searchAggregate(ctx context.Context, tr *ordering.Tracker, data *searchData) error {
+func (d *Dashboard) searchAggregate(ctx context.Context, data *searchData) error {
 	agg := ordering.Aggregate{Type: data.AggregateType, ID: data.AggregateID}
 	var err error
-	if data.Position, data.HasPosition, err = tr.Position(ctx, d.pool, agg); err != nil {
+	if data.Position, data.HasPosition, err = d.cons.Position(ctx, data.Consumer, agg); err != nil {
 		return err
 	}
-	page, err := tr.ListGaps(ctx, d.pool, &ordering.GapOpts{AggregateType: agg.Type, AggregateID: agg.ID, Limit: 1})
+	page, err := d.cons.Gaps(ctx, &ordering.GapOpts{Consumer: data.Consumer, AggregateType: agg.Type, AggregateID: agg.ID, Limit: 1})
 	if err != nil {
 		return err
 	}
 	if len(page.Gaps) == 1 {
 		data.Gap = &page.Gaps[0]
 	}
-	if data.Parked, err = tr.ListParked(ctx, d.pool, agg, 0, searchLimit); err != nil {
+	if data.Parked, err = d.cons.Parked(ctx, data.Consumer, agg, 0, searchLimit); err != nil {
 		return err
 	}
-	data.Letters, err = d.letters.List(ctx, d.pool, &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
+	data.Letters, err = d.cons.Letters(ctx, &deadletter.ListOpts{Consumer: data.Consumer, Status: deadletter.StatusDead,
 		AggregateType: agg.Type, AggregateID: agg.ID, Limit: searchLimit, Brief: true})
 	return err
 }
 
 // searchKey fills data with what the tables hold of its key: its claim,
 // its letters in any status, the records parked with it.
-func (d *Dashboard) searchKey(ctx context.Context, tr *ordering.Tracker, data *searchData) error {
+func (d *Dashboard) searchKey(ctx context.Context, data *searchData) error {
 	var parked [][]string
 	err := d.pool.QueryRow(ctx, tables.For(d.cfg.Schema).Reads.SearchKey, data.Consumer, data.Key).Scan(&data.ProcessedAt, &parked)
 	if err != nil {
@@ -102,13 +98,13 @@ func (d *Dashboard) searchKey(ctx context.Context, tr *ordering.Tracker, data *s
 		if _, err := fmt.Sscan(p[2], &seq); err != nil {
 			return fmt.Errorf("dashboard: search key: parked seq %q: %w", p[2], err)
 		}
-		recs, err := tr.ListParked(ctx, d.pool, ordering.Aggregate{Type: p[0], ID: p[1]}, seq-1, 1)
+		recs, err := d.cons.Parked(ctx, data.Consumer, ordering.Aggregate{Type: p[0], ID: p[1]}, seq-1, 1)
 		if err != nil {
 			return err
 		}
 		data.Parked = append(data.Parked, recs...)
 	}
-	data.Letters, err = d.letters.List(ctx, d.pool, &deadletter.ListOpts{Consumer: data.Consumer, IdempotencyKey: data.Key,
+	data.Letters, err = d.cons.Letters(ctx, &deadletter.ListOpts{Consumer: data.Consumer, IdempotencyKey: data.Key,
 		Limit: searchLimit, Brief: true})
 	if err != nil {
 		return err

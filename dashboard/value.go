@@ -11,7 +11,7 @@ import (
 
 // maxShown bounds how many bytes of a value the letter page prints in
 // each view: values can be 16 MiB. The stores read no more than this
-// (deadletter.Store.Peek, and 256 bytes in listings), and every view is
+// (consumer.Inspector.PeekLetter, and 256 bytes in listings), and every view is
 // made from what was read, so a page's memory is bounded before any
 // formatting whatever the record holds.
 const maxShown = 64 << 10

@@ -235,12 +235,13 @@ func poisonAggregateScenario(t *testing.T, concurrency int) {
 	proc := g.running()[0].c.Processor()
 	var letters []*deadletter.Letter
 	waitUntil(t, 60*time.Second, "the poisoned aggregate dead-lettered, its successors parked", func() bool {
-		letters, err = proc.DeadLetters(ctx, &deadletter.ListOpts{Consumer: g.name, Status: deadletter.StatusDead})
+		reads := proc.Inspector()
+		letters, err = reads.Letters(ctx, &deadletter.ListOpts{Consumer: g.name, Status: deadletter.StatusDead})
 		require.NoError(t, err)
-		gaps, err := proc.Gaps(ctx)
+		gaps, err := reads.Gaps(ctx, &ordering.GapOpts{Consumer: g.name, AggregateType: "account", AggregateID: poisonAggregate})
 		require.NoError(t, err)
 		waiting := 0
-		for _, gp := range gaps {
+		for _, gp := range gaps.Gaps {
 			if gp.Aggregate == (ordering.Aggregate{Type: "account", ID: poisonAggregate}) && gp.DeadLetterID != 0 {
 				waiting = gp.Parked
 			}

@@ -17,7 +17,7 @@
 // order, each releasing the records parked up to the next, and a letter
 // that fails again stops its aggregate (its later letters are skipped, not
 // reordered) while the other aggregates go on. Its Rate bounds it in
-// letters per second. Before submitting one, deadletter.Store.Preview
+// letters per second. Before submitting one, consumer.Inspector.PreviewLetters
 // counts what it would touch.
 //
 // Every action leaves a row in operator_audit: who asked (WithActor), what,

@@ -58,7 +58,12 @@ func Example() {
 
 	// The operator, from a tool of their own: a dry run, then the request.
 	filter := deadletter.ListOpts{Consumer: "billing", Status: deadletter.StatusDead, Reason: "handler"}
-	preview, err := deadletter.New(&deadletter.Config{Schema: db.Schema}).Preview(ctx, db.Pool, &filter)
+	reads, err := consumer.NewInspector(db.Pool, db.Schema)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	preview, err := reads.PreviewLetters(ctx, &filter)
 	if err != nil {
 		fmt.Println(err)
 		return

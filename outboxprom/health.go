@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/dedupe"
 	"github.com/d419a114/outbox/producer"
@@ -75,7 +76,7 @@ type HealthConfig struct {
 
 // HealthCollector is a prometheus.Collector of the outbox's state as only
 // the database and the broker know it: the producer side's
-// producer.Inspector.Health, each named consumer's consumer.ReadHealth
+// producer.Inspector.Health, each named consumer's consumer.Inspector.Health
 // and, when configured, consumer group lag per partition. Register it on a
 // prometheus.Registerer; names.go lists its metrics.
 //
@@ -90,11 +91,12 @@ type HealthConfig struct {
 // other metrics until a read succeeds, rather than numbers that may no
 // longer be true.
 type HealthCollector struct {
-	db  consumer.DB
 	cfg HealthConfig
 	log *slog.Logger
-	// producer reads the producer's tables of cfg.Schema.
-	producer *producer.Inspector
+	// producer and consumers read the producer's and the consumers'
+	// tables of cfg.Schema.
+	producer  *producer.Inspector
+	consumers *consumer.Inspector
 
 	// mu is held by the scrape that takes a sample, and last is read and
 	// written under it.
@@ -113,9 +115,9 @@ var _ prometheus.Collector = (*HealthCollector)(nil)
 
 // NewHealthCollector validates cfg (nil means defaults) and returns a
 // HealthCollector that reads db, such as the *pgxpool.Pool the service's
-// relay or consumers use; a sample holds one of its connections per source
+// relay or consumers use (any outbox.DB); a sample holds one of its connections per source
 // for a moment. It reads nothing until it is scraped.
-func NewHealthCollector(db consumer.DB, cfg *HealthConfig) (*HealthCollector, error) {
+func NewHealthCollector(db outbox.DB, cfg *HealthConfig) (*HealthCollector, error) {
 	if db == nil {
 		return nil, errors.New("outboxprom: NewHealthCollector needs a database; got nil")
 	}
@@ -164,10 +166,14 @@ func NewHealthCollector(db consumer.DB, cfg *HealthConfig) (*HealthCollector, er
 	if err != nil {
 		return nil, fmt.Errorf("outboxprom: HealthConfig.Schema: %w", err)
 	}
+	consumers, err := consumer.NewInspector(db, c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("outboxprom: HealthConfig.Schema: %w", err)
+	}
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
-	return &HealthCollector{db: db, cfg: c, log: log, producer: reads,
+	return &HealthCollector{cfg: c, log: log, producer: reads, consumers: consumers,
 		up: desc(HealthUp, "1 when the last sample of the source was read, 0 when reading it failed (its other metrics are then left out).",
 			LabelSource, LabelName),
 		undelivered:    desc(EventsUndelivered, "Events the broker has not acknowledged."),
@@ -347,9 +353,9 @@ func (h *HealthCollector) read() *healthSample {
 		wg.Go(func() {
 			var v consumerState
 			var err error
-			if v.Health, err = consumer.ReadHealth(ctx, h.db, h.cfg.Schema, name); err == nil {
+			if v.Health, err = h.consumers.Health(ctx, name); err == nil {
 				var ms []consumer.Member
-				ms, err = consumer.Members(ctx, h.db, h.cfg.Schema, name)
+				ms, err = h.consumers.Members(ctx, name)
 				for _, m := range ms {
 					if m.Live {
 						v.membersLive++

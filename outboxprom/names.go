@@ -59,7 +59,7 @@ const (
 	// lock session exists and their heartbeat is recent).
 	RelaysLive = "outbox_relays_live"
 	// ConsumerMembersLive is how many processes run a Consumer of the
-	// consumer (consumer.Members with a recent beat), labelled consumer.
+	// consumer (consumer.Inspector.Members with a recent beat), labelled consumer.
 	ConsumerMembersLive = "outbox_consumer_members_live"
 	// CDCSlotActive is 1 while a connector reads the replication slot of a
 	// schema dispatched by change data capture (producer.SetDispatch), 0

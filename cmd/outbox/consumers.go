@@ -7,8 +7,6 @@ import (
 	"io"
 	"strconv"
 	"time"
-
-	"github.com/d419a114/outbox/consumer"
 )
 
 // consumerRow is one consumer of the consumers command, as JSON.
@@ -32,13 +30,13 @@ type consumerRow struct {
 // aside and what it keeps, with the oldest key's age as a share of
 // -key-retention (HORIZON): a table that fits 80 columns, or JSON.
 func consumers(ctx context.Context, e *env) error {
-	names, err := consumer.Consumers(ctx, e.pool, e.schema)
+	names, err := e.reads.Consumers(ctx)
 	if err != nil {
 		return err
 	}
 	rows := make([]consumerRow, 0, len(names))
 	for _, n := range names {
-		h, err := consumer.ReadHealth(ctx, e.pool, e.schema, n)
+		h, err := e.reads.Health(ctx, n)
 		if err != nil {
 			return err
 		}
@@ -48,7 +46,7 @@ func consumers(ctx context.Context, e *env) error {
 		for _, l := range h.Letters {
 			r.OpenLetters += l.Count
 		}
-		ms, err := consumer.Members(ctx, e.pool, e.schema, n)
+		ms, err := e.reads.Members(ctx, n)
 		if err != nil {
 			return err
 		}

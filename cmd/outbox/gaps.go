@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
@@ -33,7 +32,7 @@ func gaps(ctx context.Context, e *env) (rows []gapRow, more bool, err error) {
 	names := []string{e.consumer}
 	if e.consumer == "" {
 		var err error
-		if names, err = consumer.Consumers(ctx, e.pool, e.schema); err != nil {
+		if names, err = e.reads.Consumers(ctx); err != nil {
 			return nil, false, err
 		}
 	}
@@ -42,11 +41,7 @@ func gaps(ctx context.Context, e *env) (rows []gapRow, more bool, err error) {
 		if len(rows) >= e.limit {
 			return rows, true, nil
 		}
-		t, err := ordering.New(n, &ordering.Config{Schema: e.schema})
-		if err != nil {
-			return nil, false, err
-		}
-		page, err := t.ListGaps(ctx, e.pool, &ordering.GapOpts{AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit - len(rows)})
+		page, err := e.reads.Gaps(ctx, &ordering.GapOpts{Consumer: n, AggregateType: e.aggType, AggregateID: e.aggID, Limit: e.limit - len(rows)})
 		if err != nil {
 			return nil, false, err
 		}

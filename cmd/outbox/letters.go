@@ -57,10 +57,6 @@ func (e *env) filter() (deadletter.ListOpts, error) {
 		FailedAfter: after, FailedBefore: before, AfterID: e.after, Limit: e.limit}, nil
 }
 
-func (e *env) letters() *deadletter.Store {
-	return deadletter.New(&deadletter.Config{Schema: e.schema})
-}
-
 func (e *env) operator() *operator.Store { return operator.New(&operator.Config{Schema: e.schema}) }
 
 // letterRow is a letter as the list command writes it in JSON.
@@ -97,7 +93,7 @@ func lettersList(ctx context.Context, e *env) error {
 		return err
 	}
 	f.Brief = true
-	ls, err := e.letters().List(ctx, e.pool, &f)
+	ls, err := e.reads.Letters(ctx, &f)
 	if err != nil {
 		return err
 	}
@@ -158,7 +154,7 @@ func failures(ctx context.Context, e *env) error {
 	if e.consumer == "" {
 		return usageError("letters list -group needs -consumer")
 	}
-	fs, err := e.letters().Failures(ctx, e.pool, e.consumer, e.limit)
+	fs, err := e.reads.Failures(ctx, e.consumer, e.limit)
 	if err != nil {
 		return err
 	}
@@ -196,7 +192,7 @@ func (e *env) argLetter(ctx context.Context) (*deadletter.Letter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := e.letters().Get(ctx, e.pool, id)
+	l, err := e.reads.Letter(ctx, id)
 	if errors.Is(err, outbox.ErrNotFound) {
 		return nil, withCode(exitNotFound, err)
 	}
@@ -272,7 +268,7 @@ func lettersAct(ctx context.Context, e *env) error {
 		r.Consumer, r.LetterID = l.Consumer, id
 		what = fmt.Sprintf("letter %d of %s", id, l.Consumer)
 		if l.AggregateID != "" {
-			preview, err = e.letters().Preview(ctx, e.pool, &deadletter.ListOpts{Consumer: l.Consumer, Status: deadletter.StatusDead,
+			preview, err = e.reads.PreviewLetters(ctx, &deadletter.ListOpts{Consumer: l.Consumer, Status: deadletter.StatusDead,
 				AggregateType: l.AggregateType, AggregateID: l.AggregateID})
 			if err != nil {
 				return err
@@ -290,7 +286,7 @@ func lettersAct(ctx context.Context, e *env) error {
 		}
 		f.Status, f.AfterID, f.Limit = deadletter.StatusDead, 0, 0
 		r.Consumer, r.Letters, r.All = e.consumer, f, e.all
-		if preview, err = e.letters().Preview(ctx, e.pool, &f); err != nil {
+		if preview, err = e.reads.PreviewLetters(ctx, &f); err != nil {
 			return err
 		}
 		what = fmt.Sprintf("%d open letters of %s", preview.Letters, e.consumer)

@@ -141,7 +141,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	e := &env{pool: pool, opts: o, out: out, cmd: cmd}
+	reads, err := consumer.NewInspector(pool, o.schema)
+	if err != nil {
+		return err
+	}
+	e := &env{pool: pool, reads: reads, opts: o, out: out, cmd: cmd}
 	if cmd != "migrate" {
 		if err := outbox.CheckMigrated(ctx, pool, o.schema); err != nil {
 			return err
@@ -160,11 +164,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 // processed keys or running member. An empty answer would look like a
 // healthy consumer, and a request to it would wait for ever.
 func (e *env) knownConsumer(ctx context.Context) error {
-	names, err := consumer.Consumers(ctx, e.pool, e.schema)
+	names, err := e.reads.Consumers(ctx)
 	if err != nil {
 		return err
 	}
-	members, err := consumer.Members(ctx, e.pool, e.schema, e.consumer)
+	members, err := e.reads.Members(ctx, e.consumer)
 	if err != nil {
 		return err
 	}
@@ -181,6 +185,8 @@ func (e *env) knownConsumer(ctx context.Context) error {
 // env is what a command runs with.
 type env struct {
 	pool *pgxpool.Pool
+	// reads is the consumer tables' Inspector in pool and -schema.
+	reads *consumer.Inspector
 	*opts
 	out io.Writer
 	cmd string

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/operator"
 )
@@ -21,7 +22,7 @@ func TestNewUser(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.New(t, nil)
 	p, _, _ := consumerWithLetters(t, db)
-	ls, err := p.DeadLetters(ctx, nil)
+	ls, err := p.Inspector().Letters(ctx, &deadletter.ListOpts{Consumer: p.Name()})
 	require.NoError(t, err)
 	id := strconv.FormatInt(ls[0].ID, 10)
 	exec := func(args ...string) (string, error) {

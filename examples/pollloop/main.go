@@ -29,6 +29,7 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/localenv"
 )
 
@@ -146,7 +147,7 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out, "applied, in order per order:", strings.Join(applied, ", "))
-	letters, err := process.DeadLetters(ctx, nil)
+	letters, err := process.Inspector().Letters(ctx, &deadletter.ListOpts{Consumer: process.Name()})
 	if err != nil {
 		return err
 	}
