@@ -33,7 +33,7 @@ const (
 )
 
 // partitionedLayout is the optional file that Migrate runs before version 1
-// when MigrateConfig.PartitionEventsByDay is set.
+// when [MigrateConfig.PartitionEventsByDay] is set.
 const partitionedLayout = "partitioned_events.sql"
 
 // Migrations returns the SQL migration files, for users who apply them with

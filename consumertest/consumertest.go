@@ -88,7 +88,7 @@ type Config struct {
 // one, in which mode, and what was wrong.
 type Failure struct {
 	// Seed is the schedule's seed: set OUTBOX_CONSUMERTEST_SEED to it (or
-	// Config.Seed) to replay it as the first schedule.
+	// [Config.Seed]) to replay it as the first schedule.
 	Seed uint64
 	// Mode is "Process" (one record per transaction) or "ProcessBatch";
 	// "both" when the two disagree.
@@ -113,7 +113,7 @@ func Run(t testing.TB, cfg Config) {
 	}
 }
 
-// Check replays cfg.Records through a consumer.Processor in Config.Runs
+// Check replays cfg.Records through a consumer.Processor in [Config.Runs]
 // schedules of redeliveries, producer duplicates, reorders, gaps,
 // restarts with lost offsets, failed tries and dead letters replayed, each
 // schedule once one record per transaction (Process) and once in batches

@@ -65,15 +65,15 @@
 //     without faults.
 //
 // Every run draws its schedule from a seed, printed in the failure
-// together with the run; set OUTBOX_CONSUMERTEST_SEED (or Config.Seed) to
+// together with the run; set OUTBOX_CONSUMERTEST_SEED (or [Config.Seed]) to
 // it to replay exactly that schedule, and OUTBOX_CONSUMERTEST_RUNS to run
-// more schedules than Config.Runs.
+// more schedules than [Config.Runs].
 //
 // What it cannot see: effects outside the database (an email, an HTTP
 // call), which the SDK does not cover either and which happen again on a
 // retry; and whatever Applied and State do not report.
 //
-// The SDK's tables go into Config.Schema, migrated by Run with
+// The SDK's tables go into [Config.Schema], migrated by Run with
 // outbox.Migrate (a fresh schema, dropped afterwards, when Schema is
 // empty). Each schedule and mode uses a consumer name of its own, so the
 // SDK's state starts empty; Reset must empty the handler's own tables.

@@ -21,7 +21,7 @@ import (
 // an event that Write would refuse gives a record that the consumer
 // dead-letters.
 //
-// Use them as Config.Records, or feed them to a consumer.Processor. For
+// Use them as [Config.Records], or feed them to a consumer.Processor. For
 // an aggregate whose sample starts above sequence 1, or for records that
 // break the contract on purpose, build them with producer.Record.
 func Records(events ...producer.Event) []*kgo.Record {

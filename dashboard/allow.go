@@ -7,11 +7,11 @@ import (
 	"github.com/d419a114/outbox/operator"
 )
 
-// CancelAction is Act.Action for the cancel of an operator request.
+// CancelAction is [Act.Action] for the cancel of an operator request.
 const CancelAction operator.Action = "cancel"
 
 // Act is an action an actor asks the dashboard to carry out, as
-// Config.Allow sees it: what, and on what.
+// [Config.Allow] sees it: what, and on what.
 type Act struct {
 	// Action is operator.Replay, Discard or ResolveGap for a consumer's
 	// letters or gap (carried out as an operator request), or
@@ -32,7 +32,7 @@ type Act struct {
 	Letters deadletter.ListOpts
 }
 
-// allow asks Config.Allow whether actor may carry out act; nil when it is
+// allow asks [Config.Allow] whether actor may carry out act; nil when it is
 // unset or allows it.
 func (d *Dashboard) allow(r *http.Request, actor string, act Act) error {
 	if d.cfg.Allow == nil {

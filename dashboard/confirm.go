@@ -26,7 +26,7 @@ type confirmData struct {
 	What string
 	// Letters counts the letters acted on (capped), Aggregates their
 	// aggregates, Parked the records parked behind them; AtLeast is set
-	// when the count stopped at Config.CountCap, and the other two count
+	// when the count stopped at [Config.CountCap], and the other two count
 	// only the letters read.
 	Letters            string
 	AtLeast            bool
@@ -46,7 +46,7 @@ type confirmData struct {
 	Fields  []field
 	Post    string
 	Nothing bool
-	// Refused is why Config.Allow refused the actor this action; "" when
+	// Refused is why [Config.Allow] refused the actor this action; "" when
 	// it did not.
 	Refused string
 }

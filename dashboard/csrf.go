@@ -13,7 +13,7 @@ import (
 )
 
 // csrfCookie holds a random value per browser; a form's token is its HMAC
-// under Config.CSRFKey. A page of another site can neither read the cookie
+// under [Config.CSRFKey]. A page of another site can neither read the cookie
 // nor forge the token.
 const csrfCookie = "outbox_dashboard_csrf"
 
@@ -26,7 +26,7 @@ const tokenTTL = time.Hour
 
 // token returns a CSRF token for r's forms, setting the cookie it is tied
 // to on w when r has none. A token binds the cookie, the actor
-// Config.Authorize names for r, the time it was issued and a random form
+// [Config.Authorize] names for r, the time it was issued and a random form
 // id: it is refused for another browser, another actor, after tokenTTL,
 // and (see submitOnce) a second time.
 func (d *Dashboard) token(w http.ResponseWriter, r *http.Request) string {
@@ -76,7 +76,7 @@ func (d *Dashboard) checkToken(token, cookie, actor string) (form string, ok boo
 }
 
 // authorizePost checks that POST r may act, and returns who acts; on
-// false it has answered r with 403 and why. In order: Config.Authorize
+// false it has answered r with 403 and why. In order: [Config.Authorize]
 // must allow r, the request must not come from another origin, and the
 // form's token must match the cookie.
 func (d *Dashboard) authorizePost(w http.ResponseWriter, r *http.Request) (string, bool) {
@@ -157,7 +157,7 @@ func (d *Dashboard) submitOnce(w http.ResponseWriter, r *http.Request) (done fun
 	}, true
 }
 
-// actor asks Config.Authorize whether r may act.
+// actor asks [Config.Authorize] whether r may act.
 func (d *Dashboard) actor(r *http.Request) (string, bool) {
 	if d.cfg.Authorize == nil {
 		return "", false

@@ -105,7 +105,7 @@ type Dashboard struct {
 	dead   *producer.DeadEvents
 	origin *http.CrossOriginProtection
 	log    *slog.Logger
-	// sample holds the overview's consumer rows; see Config.HealthEvery.
+	// sample holds the overview's consumer rows; see [Config.HealthEvery].
 	sample consumerSample
 	// submitted holds the forms posted lately; see submitOnce.
 	submitted submitted
@@ -230,7 +230,7 @@ func (d *Dashboard) routes() *http.ServeMux {
 	return m
 }
 
-// ServeHTTP serves the dashboard's pages under Config.Prefix. Every
+// ServeHTTP serves the dashboard's pages under [Config.Prefix]. Every
 // response, refusals and static files included, carries headers that keep
 // it out of frames, scripts and other sites' referrers.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -255,7 +255,7 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // hostAllowed reports whether host, a request's Host header, names the
-// dashboard: a loopback name, or one of Config.Hosts.
+// dashboard: a loopback name, or one of [Config.Hosts].
 func (d *Dashboard) hostAllowed(host string) bool {
 	name, _, err := net.SplitHostPort(host)
 	if err != nil {

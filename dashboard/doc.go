@@ -11,16 +11,16 @@
 //
 // # Safety
 //
-// The dashboard is read-only unless Config.Authorize allows a request's
+// The dashboard is read-only unless [Config.Authorize] allows a request's
 // actions: without it every POST is refused with 403 and no action is
 // offered. Every GET only reads. Every POST carries a token tied to a
-// cookie (double submit, signed with Config.CSRFKey) and passes
+// cookie (double submit, signed with [Config.CSRFKey]) and passes
 // net/http's CrossOriginProtection; a POST without both is refused with
 // 403. Clients that do not connect from a loopback address are refused
-// unless Config.AllowRemote is set.
+// unless [Config.AllowRemote] is set.
 //
 // Every action first shows a confirmation that says what it will touch:
-// how many letters (consumer.Inspector.PreviewLetters, capped at Config.CountCap),
+// how many letters (consumer.Inspector.PreviewLetters, capped at [Config.CountCap]),
 // how many aggregates, and which parked successors drain. A consumer's
 // actions are operator requests (operator.Store.Submit, with the
 // authorized actor as RequestedBy): the consumer's running process, which
@@ -30,8 +30,8 @@
 //
 // # Bounds
 //
-// Every listing pages by id with Config.PageSize rows a page, and every
-// count that could grow with the tables stops at Config.CountCap and is
+// Every listing pages by id with [Config.PageSize] rows a page, and every
+// count that could grow with the tables stops at [Config.CountCap] and is
 // shown as "10000+": a page costs the same with a million dead letters as
 // with ten.
 package dashboard

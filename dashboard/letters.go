@@ -22,7 +22,7 @@ type lettersData struct {
 	// acting on them would touch.
 	Count              string
 	Aggregates, Parked int64
-	// AtLeast is set when Count stopped at Config.CountCap: Aggregates
+	// AtLeast is set when Count stopped at [Config.CountCap]: Aggregates
 	// and Parked count only the letters read.
 	AtLeast  bool
 	Failures []failureGroup

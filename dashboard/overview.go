@@ -32,7 +32,7 @@ type overviewData struct {
 	Delivered chart
 	// Members are the consumers' members, live and lately gone.
 	Members []consumer.Member
-	// LagShown says the consumers' lag is read (Config.Kafka).
+	// LagShown says the consumers' lag is read ([Config.Kafka]).
 	LagShown  bool
 	Consumers []consumerSummary
 	// MoreConsumers counts the consumers left out past maxConsumers.
@@ -45,7 +45,7 @@ type overviewData struct {
 }
 
 // consumerSample is the consumers' rows of the overview as last read, for
-// Config.HealthEvery.
+// [Config.HealthEvery].
 type consumerSample struct {
 	mu   sync.Mutex
 	at   time.Time
@@ -57,7 +57,7 @@ type consumerSample struct {
 type consumerSummary struct {
 	Name string
 	// OpenLetters, Gaps and ParkedRecords are counted up to
-	// Config.CountCap ("10000+" past it); ParkedRecords counts the
+	// [Config.CountCap] ("10000+" past it); ParkedRecords counts the
 	// records of the gaps counted.
 	OpenLetters, Gaps, ParkedRecords string
 	// Letters says it has open letters.
@@ -67,7 +67,7 @@ type consumerSummary struct {
 	Warnings []string
 	// Applied is its records applied per minute.
 	Applied chart
-	// Lag is its group's lag from the broker (Config.Kafka); LagErr why
+	// Lag is its group's lag from the broker ([Config.Kafka]); LagErr why
 	// it could not be read; Lags its partitions, most behind first.
 	Lag    int64
 	LagErr string

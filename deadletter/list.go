@@ -28,7 +28,7 @@ type ListOpts struct {
 	// AfterID pages a listing: only letters with a larger id.
 	AfterID int64
 	// Brief makes a listing read only the first 256 bytes of each record's key
-	// and value (Letter.ValueSize keeps the value's whole size) and of its
+	// and value ([Letter.ValueSize] keeps the value's whole size) and of its
 	// error, and no headers and no stack: a listing's memory is then
 	// bounded whatever the records hold. A letter read by its id is whole.
 	Brief bool

@@ -6,18 +6,18 @@ import (
 )
 
 // Reason is the class of a letter's failure: why the consumer gave the
-// record up. It is stored in the letter (Letter.Reason), filters listings
-// (ListOpts.Reason) and labels the consumer's health (consumer.LetterCount).
+// record up. It is stored in the letter ([Letter.Reason]), filters listings
+// ([ListOpts.Reason]) and labels the consumer's health (consumer.LetterCount).
 // The consumer writes only the values below; Reasons lists them.
 type Reason string
 
 const (
 	// ReasonHandler is a record whose handler returned an error on every
-	// try (once, when the error was consumer.Permanent). Read Letter.Error,
+	// try (once, when the error was consumer.Permanent). Read [Letter.Error],
 	// fix the handler or the data it needs, then replay.
 	ReasonHandler Reason = "handler"
 	// ReasonPanic is a record whose handler panicked on every try;
-	// Letter.Stack holds the stack of the last panic. Fix the bug the
+	// [Letter.Stack] holds the stack of the last panic. Fix the bug the
 	// stack points at, deploy, then replay.
 	ReasonPanic Reason = "panic"
 	// ReasonTimeout is a record whose handler did not finish within the
@@ -42,7 +42,7 @@ const (
 	// ReasonDeliveryLimit is a record that a share group delivered for the
 	// last time before the consumer finished it (consumer.ErrDeliveryLimit):
 	// the broker would not deliver it again, so the letter keeps it.
-	// Letter.History says why its deliveries failed; fix that (often a
+	// [Letter.History] says why its deliveries failed; fix that (often a
 	// consumer that crashed or was stopped mid-record), then replay.
 	ReasonDeliveryLimit Reason = "delivery_limit"
 )

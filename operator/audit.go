@@ -36,10 +36,10 @@ type Entry struct {
 type Outcome string
 
 const (
-	// OutcomeRequested is a request submitted (Store.Submit); the process
+	// OutcomeRequested is a request submitted ([Store.Submit]); the process
 	// that carries it out writes a row per action it takes.
 	OutcomeRequested Outcome = "requested"
-	// OutcomeCancelled is a request cancelled (Store.Cancel) before it
+	// OutcomeCancelled is a request cancelled ([Store.Cancel]) before it
 	// ended.
 	OutcomeCancelled Outcome = "cancelled"
 	// OutcomeApplied is a dead letter replayed whose record was applied.
@@ -57,7 +57,7 @@ const (
 	// parked records were released past it.
 	OutcomeResolved Outcome = "resolved"
 	// OutcomeFailed is an action that failed and changed nothing;
-	// Entry.Detail holds its error.
+	// [Entry.Detail] holds its error.
 	OutcomeFailed Outcome = "failed"
 )
 

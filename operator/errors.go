@@ -14,7 +14,7 @@ var (
 	// error rolls back.
 	ErrClaimLost = errors.New("operator: claim on the request lost to another process")
 	// ErrCancelled is returned by Renew, Count and Report for a request
-	// that was cancelled (Store.Cancel) while a process carried it out:
+	// that was cancelled ([Store.Cancel]) while a process carried it out:
 	// the process must stop before its next action, and an action whose
 	// transaction saw this error rolls back.
 	ErrCancelled = errors.New("operator: request cancelled")

@@ -28,7 +28,7 @@ const (
 	ResolveGap Action = "resolve_gap"
 	// ReplayEvent is producer.DeadEvents.Replay of a producer's dead
 	// event. It needs no handler, so a tool carries it out itself and
-	// only records it (Store.Record, with an empty Consumer); Submit
+	// only records it ([Store.Record], with an empty Consumer); Submit
 	// refuses it.
 	ReplayEvent Action = "replay_event"
 	// DiscardEvent is producer.DeadEvents.Discard, recorded as ReplayEvent
@@ -45,19 +45,19 @@ const (
 	// Running is a request a consumer process carries out; Progress grows.
 	Running Status = "running"
 	// Done is a request carried out. Progress says what came of each
-	// letter; some may have failed (Progress.Failed) without failing the
+	// letter; some may have failed ([Progress.Failed]) without failing the
 	// request.
 	Done Status = "done"
 	// Failed is a request that could not be carried out at all; Error
 	// says why.
 	Failed Status = "failed"
-	// Cancelled is a request an operator cancelled (Store.Cancel) before
+	// Cancelled is a request an operator cancelled ([Store.Cancel]) before
 	// it ended. Progress counts what was done before the cancel; nothing
 	// is done after it.
 	Cancelled Status = "cancelled"
 )
 
-// The accepted range of Request.Rate, in letters per second: 0 is no
+// The accepted range of [Request.Rate], in letters per second: 0 is no
 // bound; any other rate must lie from MinRate (one letter every 1000 s)
 // to MaxRate.
 const (
@@ -92,7 +92,7 @@ type Request struct {
 	StartedAt, FinishedAt *time.Time
 	Progress              Progress
 	// Error is why it failed, or the first letter's error for a request
-	// that is done with Progress.Failed above zero.
+	// that is done with [Progress.Failed] above zero.
 	Error string
 	// Claim counts the times a process took the request up (Claim). The
 	// process that claimed it last writes under this number, and its
@@ -103,7 +103,7 @@ type Request struct {
 
 // Progress counts what a request did so far. Applied, Duplicates,
 // Discarded and Drained are written in the transaction of the action they
-// count (Store.Count), so they are exact whatever happens to the process
+// count ([Store.Count]), so they are exact whatever happens to the process
 // carrying the request out; Matched, Failed and Skipped count the current
 // (or last) process's run and are written as it goes (Report, Finish).
 type Progress struct {

@@ -39,7 +39,7 @@ type GapOpts struct {
 	// before it: the ones at least that old.
 	ParkedBefore time.Time
 	// After pages: the page starts after this aggregate, in (type, id)
-	// order; give GapPage.Next of the page before.
+	// order; give [GapPage.Next] of the page before.
 	After *Aggregate
 	// Limit bounds how many aggregates a page walks. Default 100.
 	Limit int
