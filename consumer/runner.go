@@ -24,7 +24,7 @@ import (
 // records of a partition it no longer owns, or stale ones of a partition
 // that came back.
 func ClientOpts() []kgo.Opt {
-	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
+	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.ServerSideBalancer(),
 		kgo.OnPartitionsAssigned(onAssigned), kgo.OnPartitionsRevoked(onRevoked), kgo.OnPartitionsLost(onLost)}
 }
 
