@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -261,7 +262,9 @@ func TestMemberKilledLatency(t *testing.T) {
 		}
 		return len(o) == 12 && len(who) == 3
 	})
+	waitUntil(t, 120*time.Second, "the group stable with three members", func() bool { return groupStable(t, s, group, 3) })
 	t.Logf("group protocol: %s", groupProtocol(t, s, group))
+	time.Sleep(2 * time.Second) // the members' last moves settle
 
 	calmFrom := time.Now()
 	time.Sleep(20 * time.Second) // the undisturbed phase: load runs, nothing is done to the group
@@ -407,4 +410,39 @@ func groupProtocol(t *testing.T, s *scenario, group string) string {
 		return fmt.Sprintf("consumer (KIP-848), %d members, group epoch %d", len(g.Members), g.Epoch)
 	}
 	return "unknown"
+}
+
+// groupStable says whether group is stable with n members, each owning
+// partitions, whichever protocol it runs.
+func groupStable(t *testing.T, s *scenario, group string, n int) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(s.broker.Client(t))
+	if gs, err := adm.DescribeConsumerGroups(ctx, group); err == nil && gs[group].Err == nil {
+		g := gs[group]
+		if g.State != "Stable" || len(g.Members) != n {
+			return false
+		}
+		for _, m := range g.Members {
+			if len(m.Assignment) == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	gs, err := adm.DescribeGroups(ctx, group)
+	if err != nil || gs[group].Err != nil {
+		return false
+	}
+	g := gs[group]
+	if g.State != "Stable" || len(g.Members) != n {
+		return false
+	}
+	for _, m := range g.Members {
+		if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
+			return false
+		}
+	}
+	return true
 }
