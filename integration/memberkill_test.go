@@ -392,24 +392,20 @@ SELECT count(*) FROM (
 // when the broker describes it as a consumer group, otherwise "classic".
 func groupProtocol(t *testing.T, s *scenario, group string) string {
 	t.Helper()
-	req := kmsg.NewPtrConsumerGroupDescribeRequest()
-	req.Groups = []string{group}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := req.RequestWith(ctx, s.broker.Client(t))
+	gs, err := kadm.NewClient(s.broker.Client(t)).DescribeConsumerGroups(ctx, group)
 	if err != nil {
 		return "classic (ConsumerGroupDescribe failed: " + err.Error() + ")"
 	}
-	for _, g := range resp.Groups {
-		if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
-			if errors.Is(err, kerr.GroupIDNotFound) {
-				return "classic"
-			}
-			return "classic (" + err.Error() + ")"
-		}
-		return fmt.Sprintf("consumer (KIP-848), %d members, group epoch %d", len(g.Members), g.Epoch)
+	g := gs[group]
+	switch {
+	case errors.Is(g.Err, kerr.GroupIDNotFound):
+		return "classic"
+	case g.Err != nil:
+		return "classic (" + g.Err.Error() + ")"
 	}
-	return "unknown"
+	return fmt.Sprintf("consumer (KIP-848), %d members, group epoch %d", len(g.Members), g.Epoch)
 }
 
 // groupStable says whether group is stable with n members, each owning
