@@ -159,7 +159,7 @@ func (b *groupBundle) stableWith(t *testing.T, n int) func() bool {
 	return func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		groups, err := b.admin(t).DescribeGroups(ctx, b.group)
+		groups, err := b.admin(t).DescribeConsumerGroups(ctx, b.group)
 		if err != nil {
 			return false
 		}
@@ -168,8 +168,7 @@ func (b *groupBundle) stableWith(t *testing.T, n int) func() bool {
 			return false
 		}
 		for _, m := range g.Members {
-			a, ok := m.Assigned.AsConsumer()
-			if !ok || len(a.Topics) == 0 {
+			if len(m.Assignment) == 0 {
 				return false
 			}
 		}

@@ -50,7 +50,10 @@ func killChildMain() int {
 		kgo.ConsumerGroup(os.Getenv(killChildEnv)), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50 * time.Millisecond),
 		// The group forgets the killed child soon, so the next member
-		// need not wait the default 45s for its session to expire.
+		// need not wait 45s for its session to expire: on the consumer
+		// protocol (KIP-848) the broker's session applies
+		// (kafkatest.GroupConfigs, 5s); these, if it falls back to the
+		// classic one.
 		kgo.SessionTimeout(6 * time.Second), kgo.RebalanceTimeout(6 * time.Second),
 	}, consumer.ClientOpts()...)...)
 	if err != nil {

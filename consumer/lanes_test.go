@@ -173,7 +173,8 @@ func TestRetriedRecordHoldsOnlyItsAggregate(t *testing.T) {
 }
 
 // When the group fences this member (its heartbeat answered
-// UNKNOWN_MEMBER_ID, as when its session expired), its partitions are
+// UNKNOWN_MEMBER_ID, as when its session expired; the group runs the
+// consumer protocol, KIP-848, which ClientOpts asks for), its partitions are
 // lost: the record in flight is abandoned at once, its handler's context
 // cancelled without waiting for ShutdownGrace (an hour here). The member
 // rejoins, gets the partition back and applies the record once.
@@ -206,11 +207,11 @@ func TestLostPartitionsAbandonWorkAtOnce(t *testing.T) {
 	eventually.True(t, 30*time.Second, func() bool { return b.committedAt(t, 0) == 4 }, "the records before the held one committed")
 
 	var fenced atomic.Bool
-	b.broker.Fake.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+	b.broker.Fake.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if !fenced.CompareAndSwap(false, true) {
 			return nil, nil, false
 		}
-		resp := req.(*kmsg.HeartbeatRequest).ResponseKind().(*kmsg.HeartbeatResponse)
+		resp := req.(*kmsg.ConsumerGroupHeartbeatRequest).ResponseKind().(*kmsg.ConsumerGroupHeartbeatResponse)
 		resp.ErrorCode = kerr.UnknownMemberID.Code
 		return resp, nil, true
 	})

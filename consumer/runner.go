@@ -23,8 +23,22 @@ import (
 // (kgo.BlockRebalanceOnPoll), so that a poll never hands the Consumer
 // records of a partition it no longer owns, or stale ones of a partition
 // that came back.
+//
+// The group runs the consumer group protocol (KIP-848,
+// kgo.ServerSideBalancer) when the broker offers it: Kafka 4.0 and later
+// (4.3 or later recommended) with "consumer" in
+// group.coordinator.rebalance.protocols, its default. The broker then
+// assigns the partitions, and a member's death or arrival moves only the
+// partitions concerned while the other members go on: a member killed
+// with SIGKILL stops only its own partitions, until the broker fences it
+// after group.consumer.session.timeout.ms (45 s by default; see
+// docs/deployment.md for the values to set). It needs franz-go's default
+// balancer, or any sticky or range balancer first in kgo.Balancers;
+// another balancer, or a broker without the protocol, gives the classic
+// protocol, under which a member's death stops every member of the group
+// until its kgo.SessionTimeout (45 s by default) has passed.
 func ClientOpts() []kgo.Opt {
-	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(),
+	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.ServerSideBalancer(),
 		kgo.OnPartitionsAssigned(onAssigned), kgo.OnPartitionsRevoked(onRevoked), kgo.OnPartitionsLost(onLost)}
 }
 
@@ -51,8 +65,9 @@ func ClientOpts() []kgo.Opt {
 // its aggregate and pins its partition's committed offset, while the rest
 // of the partition goes on until the lane is full.
 //
-// When the group revokes partitions (a member joins or leaves; with the
-// default cooperative-sticky balancer only those partitions move), their
+// When the group revokes partitions (a member joins or leaves; on the
+// consumer group protocol, and on the classic one with the default
+// cooperative-sticky balancer, only those partitions move), their
 // lanes stop taking records, the records in flight get Config.ShutdownGrace
 // to finish, after which their handlers' contexts are cancelled and their
 // transactions rolled back, and the lanes' offsets are committed before the

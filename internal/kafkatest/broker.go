@@ -40,11 +40,23 @@ func New(t testing.TB, opts ...kfake.Opt) *Broker {
 	return NewFake(t, opts...)
 }
 
+// GroupConfigs are the consumer group settings of the real broker the
+// integration suite runs (integration/kafka/server.properties), which
+// docs/deployment.md recommends: on the consumer protocol (KIP-848), a
+// member is fenced after 5 s without a heartbeat and heartbeats every
+// second. NewFake gives them to kfake, whose defaults are Kafka's (45 s
+// and 5 s).
+var GroupConfigs = map[string]string{
+	"group.consumer.session.timeout.ms":    "5000",
+	"group.consumer.heartbeat.interval.ms": "1000",
+}
+
 // NewFake returns an in-process kfake cluster of three brokers whatever
-// KAFKA_BROKERS says, for tests that inject faults only kfake can.
+// KAFKA_BROKERS says, for tests that inject faults only kfake can. The
+// cluster has GroupConfigs unless opts say otherwise.
 func NewFake(t testing.TB, opts ...kfake.Opt) *Broker {
 	t.Helper()
-	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(3)}, opts...)...)
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(3), kfake.BrokerConfigs(GroupConfigs)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return &Broker{Addrs: c.ListenAddrs(), Fake: c}

@@ -1,0 +1,444 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+
+	"github.com/d419a114/outbox/consumer"
+)
+
+// memberProcessEnv, set in the environment of this test binary, makes it
+// run one group member (consumer.New + Run, the SDK's default Config and
+// client options) instead of the tests (see TestMain), configured by the
+// variables below, until SIGTERM or SIGKILL. Its handler writes one effect
+// row per event: the event, its partition, the member and the time.
+const (
+	memberProcessEnv     = "OUTBOX_TEST_MEMBER_PROCESS"
+	memberProcessDB      = "OUTBOX_TEST_MEMBER_DATABASE_URL"
+	memberProcessSchema  = "OUTBOX_TEST_MEMBER_SCHEMA"
+	memberProcessTable   = "OUTBOX_TEST_MEMBER_TABLE"
+	memberProcessBrokers = "OUTBOX_TEST_MEMBER_BROKERS"
+	memberProcessTopic   = "OUTBOX_TEST_MEMBER_TOPIC"
+	memberProcessGroup   = "OUTBOX_TEST_MEMBER_GROUP"
+	// memberProcessClassic, when set, makes the member use the classic
+	// group protocol; see memberKillProtocolEnv.
+	memberProcessClassic = "OUTBOX_TEST_MEMBER_CLASSIC"
+)
+
+// memberKillProtocolEnv=classic makes TestMemberKilledLatency's members
+// use the classic group protocol, for the baseline: the consumer group
+// heartbeat is capped at version 0, below what franz-go's KIP-848 support
+// needs, and the session is 6 s, the broker's default minimum for the
+// classic protocol (group.min.session.timeout.ms), with heartbeats every
+// second.
+const memberKillProtocolEnv = "MEMBER_KILL_PROTOCOL"
+
+// memberProcessMain runs the Consumer of a member process; memberProcessEnv
+// is the member's name.
+func memberProcessMain() int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	name, table := os.Getenv(memberProcessEnv), os.Getenv(memberProcessTable)
+	pool, err := pgxpool.New(ctx, os.Getenv(memberProcessDB))
+	if err != nil {
+		log.Error("member process: connect", slog.String("error", err.Error()))
+		return 2
+	}
+	defer pool.Close()
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(strings.Split(os.Getenv(memberProcessBrokers), ",")...),
+		kgo.ConsumerGroup(os.Getenv(memberProcessGroup)),
+		kgo.ConsumeTopics(os.Getenv(memberProcessTopic)),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	}, consumer.ClientOpts()...)
+	if os.Getenv(memberProcessClassic) != "" {
+		v := kversion.Stable()
+		v.SetMaxKeyVersion(int16(kmsg.ConsumerGroupHeartbeat), 0)
+		opts = append(opts, kgo.MaxVersions(v), kgo.SessionTimeout(6*time.Second), kgo.HeartbeatInterval(time.Second))
+	}
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		log.Error("member process: kafka client", slog.String("error", err.Error()))
+		return 2
+	}
+	defer client.Close()
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, part, member) VALUES ($1, $2, $3)`, m.IdempotencyKey, m.Partition, name)
+		return err
+	})
+	c, err := consumer.New(pool, client, "ledger", h, &consumer.Config{Schema: os.Getenv(memberProcessSchema), Logger: log})
+	if err != nil {
+		log.Error("member process: new consumer", slog.String("error", err.Error()))
+		return 2
+	}
+	if err := c.Run(ctx); err != nil {
+		log.Error("member process: run", slog.Any("error", err))
+		return 1
+	}
+	return 0
+}
+
+// memberProcess is a group member running in a child process of the test.
+type memberProcess struct {
+	name string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  bytes.Buffer // the child's log
+	done chan struct{}
+}
+
+// startMemberProcess starts this test binary as member name of the
+// scenario's group, writing its effects into table. It is stopped with
+// SIGTERM when the test ends if it still runs.
+func (s *scenario) startMemberProcess(name, group, table string) *memberProcess {
+	s.t.Helper()
+	exe, err := os.Executable()
+	require.NoError(s.t, err)
+	p := &memberProcess{name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(exe, "-test.run=^$")
+	p.cmd.Env = append(os.Environ(),
+		memberProcessEnv+"="+name,
+		memberProcessDB+"="+s.db.Server.URL,
+		memberProcessSchema+"="+s.db.Schema,
+		memberProcessTable+"="+table,
+		memberProcessBrokers+"="+strings.Join(s.broker.Addrs, ","),
+		memberProcessTopic+"="+s.topic,
+		memberProcessGroup+"="+group)
+	if os.Getenv(memberKillProtocolEnv) == "classic" {
+		p.cmd.Env = append(p.cmd.Env, memberProcessClassic+"=1")
+	}
+	stderr, err := p.cmd.StderrPipe()
+	require.NoError(s.t, err)
+	require.NoError(s.t, p.cmd.Start())
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.out.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+		}
+		_ = p.cmd.Wait()
+	}()
+	s.t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(60 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if s.t.Failed() {
+			s.t.Logf("log of member process %s:\n%s", name, p.log())
+		}
+	})
+	return p
+}
+
+func (p *memberProcess) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// kill ends the process with SIGKILL and waits until it is gone.
+func (p *memberProcess) kill(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Kill())
+	waitClosed(t, p.done, 30*time.Second, "member process "+p.name+" to exit")
+}
+
+// effect is one row of the member processes' effects table.
+type effect struct {
+	part    int32
+	member  string
+	applied time.Time
+}
+
+// latencies summarises commit-to-effect times.
+type latencies []time.Duration
+
+func (l latencies) String() string {
+	if len(l) == 0 {
+		return "no events"
+	}
+	s := slices.Clone(l)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return fmt.Sprintf("n=%d p50=%v p99=%v max=%v", len(s), q(0.50).Round(100*time.Microsecond),
+		q(0.99).Round(100*time.Microsecond), s[len(s)-1].Round(100*time.Microsecond))
+}
+
+func (l latencies) p99() time.Duration {
+	s := slices.Clone(l)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[min(len(s)-1, int(0.99*float64(len(s))))]
+}
+
+// TestMemberKilledLatency measures what a group member's death costs the
+// others. Three members run as child processes with the SDK's defaults
+// (consumer.ClientOpts, a zero consumer.Config) over 12 partitions while
+// writers commit about 150 events/s; after an undisturbed phase one member
+// is killed with SIGKILL, and writing goes on for 30 s. The test logs the
+// commit-to-effect latency (the writer's commit returned → the effect row's
+// insert in the handler's transaction) of the undisturbed phase, of the
+// surviving members' partitions and of the dead member's partitions after
+// the kill, and how long the dead member's partitions waited for their
+// first effect. Under the consumer group protocol (KIP-848) only the dead
+// member's partitions wait, for about the broker's
+// group.consumer.session.timeout.ms; under the classic protocol every
+// partition waits. Its correctness checks: every committed event applied
+// exactly once, in sequence order per aggregate; the dead member's
+// partitions resumed within two minutes. It also logs the longest time
+// after the kill in which no member applied anything. With
+// MEMBER_KILL_PROTOCOL=classic the members use the classic protocol, for
+// the baseline. docs/performance.md has the figures.
+func TestMemberKilledLatency(t *testing.T) {
+	t.Parallel()
+	rng := scenarioRand(t)
+	s := newScenario(t, rng, broker(t), 12)
+	ctx := context.Background()
+	table := s.db.Table("kill_effects")
+	_, err := s.db.Pool.Exec(ctx, `CREATE TABLE `+table+` (
+		n bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, event_id text NOT NULL, part int NOT NULL,
+		member text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	require.NoError(t, err)
+	group := "group-" + s.topic
+
+	s.startRelay("a", scenarioRelayConfig(), nil)
+	members := []*memberProcess{
+		s.startMemberProcess("m1", group, table),
+		s.startMemberProcess("m2", group, table),
+		s.startMemberProcess("m3", group, table),
+	}
+	stopWriters := s.startWriters(writeLoad{Writers: 2, Aggregates: 300, MaxPerTx: 1, MaxPause: 20 * time.Millisecond})
+
+	// Every member owns partitions, and every partition flows.
+	owners := func(since time.Time) map[int32]string {
+		rows, err := s.db.Pool.Query(ctx, `SELECT DISTINCT ON (part) part, member FROM `+table+` WHERE applied_at >= $1 ORDER BY part, n DESC`, since)
+		require.NoError(t, err)
+		m := map[int32]string{}
+		for rows.Next() {
+			var p int32
+			var who string
+			require.NoError(t, rows.Scan(&p, &who))
+			m[p] = who
+		}
+		require.NoError(t, rows.Err())
+		return m
+	}
+	waitUntil(t, 120*time.Second, "all 12 partitions applied by three members", func() bool {
+		o := owners(time.Now().Add(-2 * time.Second))
+		who := map[string]bool{}
+		for _, m := range o {
+			who[m] = true
+		}
+		return len(o) == 12 && len(who) == 3
+	})
+	waitUntil(t, 120*time.Second, "the group stable with three members", func() bool { return groupStable(t, s, group, 3) })
+	t.Logf("group protocol: %s", groupProtocol(t, s, group))
+	time.Sleep(2 * time.Second) // the members' last moves settle
+
+	calmFrom := time.Now()
+	time.Sleep(20 * time.Second) // the undisturbed phase: load runs, nothing is done to the group
+	calmTo := time.Now()
+	victim := members[0]
+	owned := owners(calmTo.Add(-3 * time.Second))
+	var dead []int32
+	for p, m := range owned {
+		if m == victim.name {
+			dead = append(dead, p)
+		}
+	}
+	slices.Sort(dead)
+	require.NotEmpty(t, dead, "the victim owns partitions")
+	killedAt := time.Now()
+	victim.kill(t)
+	time.Sleep(30 * time.Second) // the load goes on after the kill
+	afterTo := time.Now()
+	stopWriters()
+
+	// Drain: every committed event applied.
+	committed := func() map[string]time.Time {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return maps.Clone(s.committed)
+	}()
+	waitUntil(t, 120*time.Second, "every committed event applied", func() bool {
+		var n int
+		require.NoError(t, s.db.Pool.QueryRow(ctx, `SELECT count(DISTINCT event_id) FROM `+table).Scan(&n))
+		return n >= len(committed)
+	})
+
+	effects := map[string]effect{}
+	var rowsN int
+	rows, err := s.db.Pool.Query(ctx, `SELECT event_id, part, member, applied_at FROM `+table+` ORDER BY n`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		var e effect
+		require.NoError(t, rows.Scan(&id, &e.part, &e.member, &e.applied))
+		rowsN++
+		if _, seen := effects[id]; !seen {
+			effects[id] = e
+		}
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, len(effects), rowsN, "each event's effect applied once")
+	for id := range committed {
+		require.Contains(t, effects, id, "committed event applied")
+	}
+	s.checkSequenceOrder(table)
+
+	isDead := map[int32]bool{}
+	for _, p := range dead {
+		isDead[p] = true
+	}
+	var calm, survivors, deadParts latencies
+	resumed := map[int32]time.Duration{}
+	for id, at := range committed {
+		e := effects[id]
+		d := e.applied.Sub(at)
+		switch {
+		case at.After(calmFrom) && at.Before(calmTo):
+			calm = append(calm, d)
+		case at.After(killedAt) && at.Before(afterTo):
+			if isDead[e.part] {
+				deadParts = append(deadParts, d)
+			} else {
+				survivors = append(survivors, d)
+			}
+		}
+		if isDead[e.part] && e.applied.After(killedAt) && e.member != victim.name {
+			if w, ok := resumed[e.part]; !ok || e.applied.Sub(killedAt) < w {
+				resumed[e.part] = e.applied.Sub(killedAt)
+			}
+		}
+	}
+	// The longest time after the kill in which no member applied
+	// anything: the group-wide stall the classic protocol has.
+	var applied []time.Time
+	for _, e := range effects {
+		if e.applied.After(killedAt) && e.applied.Before(afterTo) {
+			applied = append(applied, e.applied)
+		}
+	}
+	applied = append(applied, killedAt)
+	slices.SortFunc(applied, time.Time.Compare)
+	var stall time.Duration
+	for i := 1; i < len(applied); i++ {
+		stall = max(stall, applied[i].Sub(applied[i-1]))
+	}
+	var worst time.Duration
+	for _, p := range dead {
+		w, ok := resumed[p]
+		require.True(t, ok, "partition %d of the dead member resumed", p)
+		worst = max(worst, w)
+	}
+	require.Less(t, worst, 2*time.Minute, "the dead member's partitions resumed")
+	t.Logf("undisturbed (20 s, all partitions):         %v", calm)
+	t.Logf("after the kill, surviving members' partitions (30 s): %v", survivors)
+	t.Logf("after the kill, dead member's partitions %v (30 s): %v", dead, deadParts)
+	t.Logf("dead member's partitions resumed (kill → first effect elsewhere): slowest %v, each %v", worst.Round(time.Millisecond), resumed)
+	t.Logf("longest time after the kill in which no member applied anything: %v", stall.Round(time.Millisecond))
+	t.Logf("FIGURES calm_p99=%v survivors_p99=%v (+%v) dead_p99=%v resumed_within=%v group_stall=%v",
+		calm.p99().Round(100*time.Microsecond), survivors.p99().Round(100*time.Microsecond),
+		(survivors.p99() - calm.p99()).Round(100*time.Microsecond), deadParts.p99().Round(time.Millisecond), worst.Round(time.Millisecond),
+		stall.Round(time.Millisecond))
+}
+
+// checkSequenceOrder requires that, per aggregate, the effects in table
+// were applied in the writer's sequence order.
+func (s *scenario) checkSequenceOrder(table string) {
+	s.t.Helper()
+	var reorders int
+	err := s.db.Pool.QueryRow(context.Background(), `
+SELECT count(*) FROM (
+  SELECT e.aggregate_seq AS seq, lag(e.aggregate_seq) OVER (PARTITION BY e.aggregate_id ORDER BY k.n) AS prev
+  FROM `+table+` k JOIN `+s.db.Table("events")+` e ON e.idempotency_key = k.event_id
+) x WHERE prev IS NOT NULL AND seq <> prev + 1`).Scan(&reorders)
+	require.NoError(s.t, err)
+	require.Zero(s.t, reorders, "effects applied out of sequence order")
+}
+
+// groupProtocol says which protocol the group runs: "consumer (KIP-848)"
+// when the broker describes it as a consumer group, otherwise "classic".
+func groupProtocol(t *testing.T, s *scenario, group string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gs, err := kadm.NewClient(s.broker.Client(t)).DescribeConsumerGroups(ctx, group)
+	if err != nil {
+		return "classic (ConsumerGroupDescribe failed: " + err.Error() + ")"
+	}
+	g := gs[group]
+	switch {
+	case errors.Is(g.Err, kerr.GroupIDNotFound):
+		return "classic"
+	case g.Err != nil:
+		return "classic (" + g.Err.Error() + ")"
+	}
+	return fmt.Sprintf("consumer (KIP-848), %d members, group epoch %d", len(g.Members), g.Epoch)
+}
+
+// groupStable says whether group is stable with n members, each owning
+// partitions, whichever protocol it runs.
+func groupStable(t *testing.T, s *scenario, group string, n int) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(s.broker.Client(t))
+	if gs, err := adm.DescribeConsumerGroups(ctx, group); err == nil && gs[group].Err == nil {
+		g := gs[group]
+		if g.State != "Stable" || len(g.Members) != n {
+			return false
+		}
+		for _, m := range g.Members {
+			if len(m.Assignment) == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	gs, err := adm.DescribeGroups(ctx, group)
+	if err != nil || gs[group].Err != nil {
+		return false
+	}
+	g := gs[group]
+	if g.State != "Stable" || len(g.Members) != n {
+		return false
+	}
+	for _, m := range g.Members {
+		if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
+			return false
+		}
+	}
+	return true
+}
