@@ -200,9 +200,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer runners.Delete(c.client)
 	if err := c.proc.CheckSchema(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return err
 	}
 	c.logStart(ctx)
+	if parts := takeEarly(c.client); len(parts) > 0 {
+		c.logPartitions(ctx, "assigned", parts)
+	}
 	if warnings, err := c.CheckRetention(ctx); err != nil {
 		c.log.WarnContext(ctx, "consumer: could not check key retention against topic retention", slog.String("error", err.Error()))
 	} else {

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -21,11 +22,71 @@ func runnerOf(cl *kgo.Client) *Consumer {
 	return r
 }
 
-// onAssigned logs the partitions the group gave this member.
+// early holds, per client on which no Consumer runs yet, the partitions
+// the group assigned it: a client joins its group when it is created, so
+// the first assignment often comes before Run, which logs it then.
+var early sync.Map
+
+// earlyParts is one client's partitions assigned before Run.
+type earlyParts struct {
+	mu    sync.Mutex
+	parts map[string]map[int32]bool
+}
+
+// note adds (or, with add false, removes) parts.
+func (e *earlyParts) note(parts map[string][]int32, add bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for topic, nums := range parts {
+		if e.parts[topic] == nil {
+			e.parts[topic] = map[int32]bool{}
+		}
+		for _, n := range nums {
+			if add {
+				e.parts[topic][n] = true
+			} else {
+				delete(e.parts[topic], n)
+			}
+		}
+		if len(e.parts[topic]) == 0 {
+			delete(e.parts, topic)
+		}
+	}
+}
+
+// noteEarly records parts assigned (or taken away) before Run on cl.
+func noteEarly(cl *kgo.Client, parts map[string][]int32, add bool) {
+	v, _ := early.LoadOrStore(cl, &earlyParts{parts: map[string]map[int32]bool{}})
+	v.(*earlyParts).note(parts, add)
+}
+
+// takeEarly returns, and forgets, what the group assigned cl before Run.
+func takeEarly(cl *kgo.Client) map[string][]int32 {
+	v, ok := early.LoadAndDelete(cl)
+	if !ok {
+		return nil
+	}
+	e := v.(*earlyParts)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string][]int32{}
+	for topic, nums := range e.parts {
+		for n := range nums {
+			out[topic] = append(out[topic], n)
+		}
+		slices.Sort(out[topic])
+	}
+	return out
+}
+
+// onAssigned logs the partitions the group gave this member, or keeps
+// them for Run to log when it has not started yet.
 func onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	if c := runnerOf(cl); c != nil {
 		c.logPartitions(ctx, "assigned", assigned)
+		return
 	}
+	noteEarly(cl, assigned, true)
 }
 
 // logPartitions logs at INFO that parts were assigned, revoked or lost,
@@ -45,7 +106,9 @@ func onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) 
 	}
 	if c := runnerOf(cl); c != nil {
 		c.leave(ctx, revoked, false)
+		return
 	}
+	noteEarly(cl, revoked, false)
 }
 
 // onLost abandons the lost partitions' records: another member may own
@@ -56,7 +119,9 @@ func onLost(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
 	}
 	if c := runnerOf(cl); c != nil {
 		c.leave(ctx, lost, true)
+		return
 	}
+	noteEarly(cl, lost, false)
 }
 
 // probeKey marks the context routesToConsumer calls the callbacks with.

@@ -45,6 +45,18 @@ func TestStartUp(t *testing.T) {
 		require.ErrorContains(t, err, "outbox.Migrate")
 	})
 
+	// A stop through ctx is not an error, even before Run has started to
+	// consume: its schema check then fails on the cancelled context.
+	t.Run("StoppedBeforeStartReturnsNil", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 1)
+		c, err := consumer.New(b.db.Pool, b.client(t, b.group), "svc", b.effects, fastConfig(b.db, 1))
+		require.NoError(t, err)
+		stopped, cancel := context.WithCancel(ctx)
+		cancel()
+		require.NoError(t, c.Run(stopped))
+	})
+
 	t.Run("PoolTooSmallIsRefused", func(t *testing.T) {
 		t.Parallel()
 		b := newGroupBundle(t, 1)
