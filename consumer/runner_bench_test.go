@@ -232,7 +232,7 @@ func byKey(n uint32) func(*kgo.Record) int32 {
 // applied once, each aggregate's in sequence order. The runner against the
 // SDK's own loop is BenchmarkRunnerVersusProcess.
 //
-//	go test -run '^$' -bench Runner -benchtime 1x ./consumer
+//	go test -run '^$' -bench 'Runner$' -benchtime 1x ./consumer
 func BenchmarkRunner(b *testing.B) {
 	b.Run("slow-handler", benchSlowHandler)
 	b.Run("plain-handler", benchPlainHandler)
