@@ -79,6 +79,7 @@ type benchRun struct {
 	count  func(*consumer.Message) bool // which messages count towards want
 	wait   func(*consumer.Message) time.Duration
 	seen   atomic.Int64
+	calls  atomic.Int64 // handler calls: transactions, retries included
 	mu     sync.Mutex
 	first  time.Time
 	last   time.Time
@@ -133,6 +134,7 @@ func (r *benchRun) handled(ms ...*consumer.Message) {
 }
 
 func (r *benchRun) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	r.calls.Add(1)
 	if _, err := tx.Exec(ctx, `INSERT INTO `+r.table+` (key, aggregate, seq) VALUES ($1, $2, $3)`, m.IdempotencyKey, m.AggregateID, m.Seq); err != nil {
 		return err
 	}
@@ -146,6 +148,7 @@ type batchRun struct{ *benchRun }
 
 func (r batchRun) HandleBatch(ctx context.Context, tx pgx.Tx, ms []*consumer.Message) error {
 	insert := multiRow{insertMany: `INSERT INTO ` + r.table + ` (key, aggregate, seq) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`}
+	r.calls.Add(1)
 	if err := insert.HandleBatch(ctx, tx, ms); err != nil {
 		return err
 	}
@@ -210,73 +213,6 @@ func (r *benchRun) await(b *testing.B) {
 	}
 }
 
-// handLoop is the best loop a user would write around Process without
-// the runner, at one worker per partition: a poll loop hands each
-// partition's records to that partition's goroutine, which applies them
-// (ProcessBatch in chunks of batch, or Process one by one) and marks them
-// for franz-go's periodic commit of marked offsets. No partition waits for
-// another, and no commit waits for anything.
-func (r *benchRun) handLoop(b *testing.B, batch int, batchHandler bool, records int) float64 {
-	cl := r.rig.broker.Client(b,
-		kgo.ConsumerGroup("g-"+r.topic), kgo.ConsumeTopics(r.topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond),
-		kgo.AutoCommitMarks())
-	var h consumer.Handler = r
-	if batchHandler {
-		h = batchRun{r}
-	}
-	p, err := consumer.Handle(r.rig.db.Pool, "svc-"+r.topic, h, &consumer.Config{Schema: r.rig.db.Schema, Logger: quietLogger})
-	require.NoError(b, err)
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	workers := map[int32]chan []*kgo.Record{}
-	work := func(ch chan []*kgo.Record) {
-		defer wg.Done()
-		for recs := range ch {
-			for len(recs) > 0 {
-				n := min(batch, len(recs))
-				var err error
-				if n == 1 {
-					_, err = p.Process(ctx, recs[0])
-				} else {
-					_, err = p.ProcessBatch(ctx, recs[:n])
-				}
-				if err != nil {
-					return // only when stopped
-				}
-				cl.MarkCommitRecords(recs[:n]...)
-				recs = recs[n:]
-			}
-		}
-	}
-	polled := make(chan struct{})
-	go func() {
-		defer close(polled)
-		for ctx.Err() == nil {
-			cl.PollRecords(ctx, 1000).EachPartition(func(fp kgo.FetchTopicPartition) {
-				ch := workers[fp.Partition]
-				if ch == nil {
-					ch = make(chan []*kgo.Record, 64)
-					workers[fp.Partition] = ch
-					wg.Add(1)
-					go work(ch)
-				}
-				ch <- fp.Records
-			})
-		}
-		for _, ch := range workers {
-			close(ch)
-		}
-	}()
-	r.await(b)
-	stop()
-	<-polled
-	wg.Wait()
-	cl.Close()
-	r.check(b, records)
-	return r.rate()
-}
-
 // byKey returns a partitioner over n partitions by the record key's hash.
 func byKey(n uint32) func(*kgo.Record) int32 {
 	return func(r *kgo.Record) int32 {
@@ -293,14 +229,14 @@ func byKey(n uint32) func(*kgo.Record) int32 {
 // ratios. Keys are skewed: 1,000 aggregates drawn from Zipf s=1.1 (the
 // hottest has 18% of the records), since all-distinct keys would measure
 // unordered processing. Every run checks its own effects: each record
-// applied once, each aggregate's in sequence order.
+// applied once, each aggregate's in sequence order. The runner against the
+// SDK's own loop is BenchmarkRunnerVersusProcess.
 //
-//	go test -run '^$' -bench Runner -benchtime 1x ./consumer
+//	go test -run '^$' -bench 'Runner$' -benchtime 1x ./consumer
 func BenchmarkRunner(b *testing.B) {
 	b.Run("slow-handler", benchSlowHandler)
 	b.Run("plain-handler", benchPlainHandler)
 	b.Run("slow-partition", benchSlowPartition)
-	b.Run("vs-loop", benchVersusLoop)
 }
 
 // One partition, a handler that inserts its row and then waits 2ms (an
@@ -398,40 +334,5 @@ func benchSlowPartition(b *testing.B) {
 		b.ReportMetric(without, "without-slow-rec/s")
 		b.ReportMetric(with, "with-slow-rec/s")
 		b.ReportMetric(with/without, "with/without")
-	}
-}
-
-// Eight partitions, 10,000 aggregates: the runner at Concurrency 1 against
-// handLoop, one record per transaction and batches of 100 with a
-// BatchHandler.
-func benchVersusLoop(b *testing.B) {
-	for b.Loop() {
-		rig := newRunnerRig(b, 24)
-		const n = 16000
-		spread := byKey(8)
-		rates := map[string]float64{}
-		for _, run := range []struct {
-			name         string
-			loop         bool
-			batch        int
-			batchHandler bool
-		}{
-			{"loop-single", true, 1, false},
-			{"runner-single", false, 1, false},
-			{"loop-batch", true, 100, true},
-			{"runner-batch", false, 100, true},
-		} {
-			r := rig.newRun(b, 8, zipfStream(n, 10000, 1.1), spread)
-			if run.loop {
-				rates[run.name] = r.handLoop(b, run.batch, run.batchHandler, n)
-			} else {
-				rates[run.name] = r.runner(b, consumer.Config{BatchSize: run.batch}, run.batchHandler, n)
-			}
-		}
-		for k, v := range rates {
-			b.ReportMetric(v, k+"-rec/s")
-		}
-		b.ReportMetric(rates["runner-single"]/rates["loop-single"], "single-runner/loop")
-		b.ReportMetric(rates["runner-batch"]/rates["loop-batch"], "batch-runner/loop")
 	}
 }

@@ -1,0 +1,232 @@
+package consumer_test
+
+import (
+	"context"
+	"runtime/pprof"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox/consumer"
+)
+
+// BenchmarkRunnerVersusProcess measures the runner (consumer.New and Run,
+// Concurrency 1: one lane and one worker per partition) against the SDK's
+// own loop on the same records with the same parallelism: a goroutine per
+// partition calling Processor.ProcessBatch (batch mode, up to 100 records
+// per transaction, with a BatchHandler) or Processor.Process (one record
+// per transaction) on what a poll loop hands it (processLoop). For
+// reference it also runs the same goroutines on records read into memory
+// before the clock starts (preloaded), which leaves out what consuming
+// from Kafka costs on the same cores. Eight partitions, 10,000 aggregates,
+// records pre-produced to kfake, PostgreSQL on the same machine. The modes
+// take turns, each on a topic of its own with the same records, rounds
+// times in one run (which goes first rotating), and the benchmark reports
+// each mode's median records/s, the runner's records per transaction, and
+// the median, lowest and highest of the rounds' runner/loop ratios, with
+// the median of runner/preloaded and loop/preloaded. Every run checks its
+// own effects: each record applied once, each aggregate's in sequence
+// order. Targets: runner/loop >= 0.9 in batch mode, >= 0.95 single.
+//
+//	go test -run '^$' -bench RunnerVersusProcess -benchtime 1x ./consumer
+func BenchmarkRunnerVersusProcess(b *testing.B) {
+	b.Run("batch", func(b *testing.B) { benchVersus(b, 100, 48000) })
+	b.Run("single", func(b *testing.B) { benchVersus(b, 1, 8000) })
+}
+
+// benchVersus runs the rounds of BenchmarkRunnerVersusProcess with batch
+// records per transaction over n records.
+func benchVersus(b *testing.B, batch, n int) {
+	const rounds = 3
+	modes := []string{"loop", "runner", "preloaded"}
+	for b.Loop() {
+		rig := newRunnerRig(b, 24)
+		spread := byKey(8)
+		rates := map[string][]float64{}
+		var ratios, perTx []float64
+		for round := range rounds {
+			rate := map[string]float64{}
+			for turn := range modes {
+				mode := modes[(turn+round)%len(modes)]
+				r := rig.newRun(b, 8, zipfStream(n, 10000, 0), spread)
+				// The labels let a CPU profile of the run be split by mode
+				// (go tool pprof -tagfocus mode=runner).
+				pprof.Do(context.Background(), pprof.Labels("mode", mode), func(context.Context) {
+					switch mode {
+					case "loop":
+						rate[mode] = r.processLoop(b, batch, n)
+					case "runner":
+						rate[mode] = r.runner(b, consumer.Config{BatchSize: batch}, batch > 1, n)
+						perTx = append(perTx, float64(n)/float64(r.calls.Load()))
+					case "preloaded":
+						rate[mode] = r.preloaded(b, batch, n)
+					}
+				})
+				rates[mode] = append(rates[mode], rate[mode])
+			}
+			ratios = append(ratios, rate["runner"]/rate["loop"])
+			rates["runner/preloaded"] = append(rates["runner/preloaded"], rate["runner"]/rate["preloaded"])
+			rates["loop/preloaded"] = append(rates["loop/preloaded"], rate["loop"]/rate["preloaded"])
+		}
+		for _, m := range modes {
+			b.ReportMetric(median(rates[m]), m+"-rec/s")
+		}
+		b.ReportMetric(median(perTx), "runner-rec/tx")
+		b.ReportMetric(median(ratios), "runner/loop")
+		b.ReportMetric(slices.Min(ratios), "runner/loop-min")
+		b.ReportMetric(slices.Max(ratios), "runner/loop-max")
+		b.ReportMetric(median(rates["runner/preloaded"]), "runner/preloaded")
+		b.ReportMetric(median(rates["loop/preloaded"]), "loop/preloaded")
+	}
+}
+
+// median returns the median of xs.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// processLoop is the SDK's own loop at one worker per partition, what a
+// user would write around the Processor without the runner: a poll loop
+// hands each partition's records to that partition's goroutine, which
+// applies what it holds (Processor.ProcessBatch up to batch records at a
+// time with a BatchHandler, or Processor.Process one by one), taking every
+// record handed to it meanwhile into the next batch, and marks the records
+// for franz-go's periodic commit of marked offsets. When the poll loop
+// stops, each goroutine finishes what it holds. No partition waits for
+// another, nothing bounds what a partition holds, and no commit waits for
+// anything.
+func (r *benchRun) processLoop(b *testing.B, batch, records int) float64 {
+	cl := r.rig.broker.Client(b,
+		kgo.ConsumerGroup("g-"+r.topic), kgo.ConsumeTopics(r.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond),
+		kgo.AutoCommitMarks())
+	var h consumer.Handler = r
+	if batch > 1 {
+		h = batchRun{r}
+	}
+	p, err := consumer.Handle(r.rig.db.Pool, "svc-"+r.topic, h, &consumer.Config{Schema: r.rig.db.Schema, Logger: quietLogger})
+	require.NoError(b, err)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	workers := map[int32]chan []*kgo.Record{}
+	work := func(ch chan []*kgo.Record) {
+		defer wg.Done()
+		var held []*kgo.Record
+		for open := true; open || len(held) > 0; {
+			if len(held) == 0 {
+				var recs []*kgo.Record
+				if recs, open = <-ch; !open {
+					return
+				}
+				held = append(held, recs...)
+			}
+			for more := true; more && open && len(held) < batch; {
+				select {
+				case recs, ok := <-ch:
+					held, open = append(held, recs...), ok
+				default:
+					more = false
+				}
+			}
+			n := min(batch, len(held))
+			var err error
+			if n == 1 {
+				_, err = p.Process(context.Background(), held[0])
+			} else {
+				_, err = p.ProcessBatch(context.Background(), held[:n])
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			cl.MarkCommitRecords(held[:n]...)
+			held = held[n:]
+		}
+	}
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for ctx.Err() == nil {
+			cl.PollRecords(ctx, 1000).EachPartition(func(fp kgo.FetchTopicPartition) {
+				if len(fp.Records) == 0 {
+					return
+				}
+				ch := workers[fp.Partition]
+				if ch == nil {
+					ch = make(chan []*kgo.Record, 1024)
+					workers[fp.Partition] = ch
+					wg.Add(1)
+					go work(ch)
+				}
+				ch <- fp.Records
+			})
+		}
+		for _, ch := range workers {
+			close(ch)
+		}
+	}()
+	r.await(b)
+	stop()
+	<-polled
+	wg.Wait()
+	cl.Close()
+	r.check(b, records)
+	return r.rate()
+}
+
+// preloaded reads the run's records into memory, one slice per partition,
+// and then applies each partition's in a goroutine of its own, as
+// processLoop does (batch records per transaction, or one by one): the
+// SDK's own loop without consuming from Kafka while it runs.
+func (r *benchRun) preloaded(b *testing.B, batch, records int) float64 {
+	cl := r.rig.broker.Client(b, kgo.ConsumeTopics(r.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	parts := map[int32][]*kgo.Record{}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for got := 0; got < records; {
+		fs := cl.PollFetches(ctx)
+		require.NoError(b, ctx.Err(), "reading the records")
+		fs.EachRecord(func(rec *kgo.Record) {
+			parts[rec.Partition] = append(parts[rec.Partition], rec)
+			got++
+		})
+	}
+	cl.Close()
+	var h consumer.Handler = r
+	if batch > 1 {
+		h = batchRun{r}
+	}
+	p, err := consumer.Handle(r.rig.db.Pool, "svc-"+r.topic, h, &consumer.Config{Schema: r.rig.db.Schema, Logger: quietLogger})
+	require.NoError(b, err)
+	var wg sync.WaitGroup
+	for _, recs := range parts {
+		wg.Go(func() {
+			for len(recs) > 0 {
+				n := min(batch, len(recs))
+				var err error
+				if n == 1 {
+					_, err = p.Process(context.Background(), recs[0])
+				} else {
+					_, err = p.ProcessBatch(context.Background(), recs[:n])
+				}
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				recs = recs[n:]
+			}
+		})
+	}
+	wg.Wait()
+	r.check(b, records)
+	return r.rate()
+}
