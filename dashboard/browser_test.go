@@ -41,13 +41,13 @@ func TestBrowser(t *testing.T) {
 	}
 	t.Parallel()
 	f := newFixture(t)
-	f.letters(t)
-	f.serveRequests(t)
+	f.Letters(t)
+	f.ServeRequests(t)
 	srv := f.server(t, &dashboard.Config{Authorize: alice})
-	f.setFail("o-1", nil) // the fault is fixed; the operator replays
+	f.SetFail("o-1", nil) // the fault is fixed; the operator replays
 	f.backlog(t)
 	f.hostile(t)
-	f.process(t, "o-5", "v", 2, 3) // a gap with no letter: seq 1 never came
+	f.Process(t, "o-5", "v", 2, 3) // a gap with no letter: seq 1 never came
 	f.activity(t)
 
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
@@ -145,7 +145,7 @@ func TestBrowser(t *testing.T) {
 	// And in the database: the letter replayed, its successors applied
 	// in order, nothing parked, the position at 3.
 	require.Empty(t, f.open(t, "o-1"))
-	require.Equal(t, []string{"o-1:1", "o-1:2", "o-1:3"}, f.appliedOf("o-1"))
+	require.Equal(t, []string{"o-1:1", "o-1:2", "o-1:3"}, f.AppliedOf("o-1"))
 	in := f.proc.Inspector()
 	ls, err := in.Letters(ctx, &deadletter.ListOpts{Consumer: "billing", AggregateID: "o-1"})
 	require.NoError(t, err)

@@ -133,7 +133,7 @@ func TestNew(t *testing.T) {
 func TestReadOnlyWithoutAuthorize(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.letters(t)
+	f.Letters(t)
 	b := newBrowser(t, f.server(t, nil))
 	letter := f.open(t, "o-1")[0]
 
@@ -157,7 +157,7 @@ func TestReadOnlyWithoutAuthorize(t *testing.T) {
 func TestCSRF(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.letters(t)
+	f.Letters(t)
 	srv := f.server(t, &dashboard.Config{Authorize: alice})
 	b := newBrowser(t, srv)
 	id := strconv.FormatInt(f.open(t, "o-1")[0].ID, 10)
@@ -233,8 +233,8 @@ func TestPages(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
-	f.letters(t)
-	f.serveRequests(t)
+	f.Letters(t)
+	f.ServeRequests(t)
 	f.backlog(t)
 	b := newBrowser(t, f.server(t, &dashboard.Config{Authorize: alice, Prefix: "/ops"}))
 	letter := f.open(t, "o-1")[0]
@@ -331,7 +331,7 @@ func TestPages(t *testing.T) {
 	})
 	t.Run("RequestsAndAudit", func(t *testing.T) {
 		b := b.with(t)
-		f.setFail("o-2", nil)
+		f.SetFail("o-2", nil)
 		l2 := strconv.FormatInt(f.open(t, "o-2")[0].ID, 10)
 		status, loc := b.post("/ops/consumers/billing/requests", b.form("/ops/consumers/billing/confirm?action=discard&letter="+l2), nil)
 		require.Equal(t, http.StatusSeeOther, status)
@@ -351,8 +351,8 @@ func TestBoundedPaging(t *testing.T) {
 	// Five aggregates, each one letter.
 	for i := range 5 {
 		agg := "p-" + strconv.Itoa(i)
-		f.setFail(agg, errTest)
-		f.process(t, agg, "v", 1)
+		f.SetFail(agg, errTest)
+		f.Process(t, agg, "v", 1)
 	}
 	b := newBrowser(t, f.server(t, &dashboard.Config{PageSize: 2, CountCap: 3}))
 	letterIDs := regexp.MustCompile(`class="letter" href="/consumers/billing/letters/(\d+)"`)
@@ -383,7 +383,7 @@ func TestBoundedPaging(t *testing.T) {
 
 	// The gaps page stops at PageSize too: five aggregates each wait.
 	for i := range 5 {
-		f.process(t, "p-"+strconv.Itoa(i), "v", 2)
+		f.Process(t, "p-"+strconv.Itoa(i), "v", 2)
 	}
 	all, err := f.proc.Inspector().Gaps(context.Background(), &ordering.GapOpts{Consumer: "billing"})
 	require.NoError(t, err)
@@ -414,7 +414,7 @@ func TestDedupeHorizonWarnings(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
-	f.letters(t)
+	f.Letters(t)
 	b := newBrowser(t, f.server(t, &dashboard.Config{KeyRetention: 24 * time.Hour, HealthEvery: -1}))
 	require.Regexp(t, `<td>ok</td>\s*</tr>`, b.page("/"), "nothing is older than a day yet")
 
@@ -433,9 +433,9 @@ func TestDedupeHorizonWarnings(t *testing.T) {
 func TestResolveGap(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.serveRequests(t)
+	f.ServeRequests(t)
 	// o-5's seq 1 never arrives; 2 and 3 wait.
-	f.process(t, "o-5", "v", 2, 3)
+	f.Process(t, "o-5", "v", 2, 3)
 	b := newBrowser(t, f.server(t, &dashboard.Config{Authorize: alice}))
 	require.Contains(t, b.page("/consumers/billing/gaps"), "order/o-5: waits for seq 1")
 	confirm := "/consumers/billing/confirm?action=resolve_gap&aggregate_type=order&aggregate_id=o-5"
@@ -443,6 +443,6 @@ func TestResolveGap(t *testing.T) {
 	status, loc := b.post("/consumers/billing/requests", b.form(confirm), nil)
 	require.Equal(t, http.StatusSeeOther, status)
 	eventually.True(t, 20*time.Second, func() bool { return strings.Contains(b.page(loc), `id="status" class="done"`) })
-	require.Equal(t, []string{"o-5:2", "o-5:3"}, f.appliedOf("o-5"))
+	require.Equal(t, []string{"o-5:2", "o-5:3"}, f.AppliedOf("o-5"))
 	require.Contains(t, b.page("/consumers/billing/gaps"), "No open gap matches.")
 }

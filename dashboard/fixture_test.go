@@ -3,13 +3,9 @@ package dashboard_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"slices"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -17,76 +13,23 @@ import (
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/dashboard"
 	"github.com/d419a114/outbox/deadletter"
+	"github.com/d419a114/outbox/internal/letterworld"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
 
-// fixture is one test's world: a schema, a consumer "billing" whose
-// handler fails for the aggregates set to fail, and a dashboard on it.
+// fixture is one test's world (the consumer "billing" of
+// internal/letterworld) with the dashboard's own helpers around it.
 type fixture struct {
+	*letterworld.World
 	db   *pgtest.DB
 	proc *consumer.Processor
-
-	mu sync.Mutex
-	// fail maps an aggregate id to the error its records fail with.
-	fail map[string]error
-	// applied lists the records applied, as "aggregate:seq".
-	applied []string
 }
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	f := &fixture{db: pgtest.New(t, nil), fail: map[string]error{}}
-	h := consumer.HandlerFunc(func(_ context.Context, _ pgx.Tx, m *consumer.Message) error {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if err := f.fail[m.AggregateID]; err != nil {
-			return consumer.Permanent(err)
-		}
-		f.applied = append(f.applied, fmt.Sprintf("%s:%d", m.AggregateID, m.Seq))
-		return nil
-	})
-	p, err := consumer.Handle(f.db.Pool, "billing", h, &consumer.Config{Schema: f.db.Schema, RequestPoll: 20 * time.Millisecond})
-	require.NoError(t, err)
-	f.proc = p
-	return f
-}
-
-// setFail makes agg's records fail with err from now on (nil: succeed).
-func (f *fixture) setFail(agg string, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.fail[agg] = err
-}
-
-func (f *fixture) appliedOf(agg string) []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.DeleteFunc(slices.Clone(f.applied), func(s string) bool { return len(s) <= len(agg) || s[:len(agg)+1] != agg+":" })
-}
-
-// process feeds the consumer seqs of aggregate agg (order/agg) with the
-// given value.
-func (f *fixture) process(t testing.TB, agg string, value string, seqs ...int64) {
-	t.Helper()
-	for _, seq := range seqs {
-		r := producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: agg, EventType: "order.changed", Payload: []byte(value),
-			Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}},
-			producer.Stamp{EventID: fmt.Sprintf("evt-%s-%d", agg, seq), Seq: seq})
-		r.Offset = seq
-		_, err := f.proc.Process(context.Background(), r)
-		require.NoError(t, err)
-	}
-}
-
-// letters seeds the usual data: aggregate o-1 fails at seq 1 (a letter,
-// with 2 and 3 parked behind it), o-2 fails another way at seq 1.
-func (f *fixture) letters(t *testing.T) {
-	t.Helper()
-	f.setFail("o-1", errors.New("card processor down"))
-	f.setFail("o-2", errors.New("address has no postcode"))
-	f.process(t, "o-1", `{"order":"o-1","total_cents":1999}`, 1, 2, 3)
-	f.process(t, "o-2", `{"order":"o-2"}`, 1)
+	w := letterworld.New(t)
+	return &fixture{World: w, db: w.DB, proc: w.Proc}
 }
 
 // backlog gives the producer side something to show: three undelivered
@@ -114,18 +57,6 @@ func (f *fixture) open(t testing.TB, agg string) []*deadletter.Letter {
 	ls, err := f.proc.Inspector().Letters(context.Background(), &deadletter.ListOpts{Consumer: "billing", Status: deadletter.StatusDead, AggregateID: agg})
 	require.NoError(t, err)
 	return ls
-}
-
-// serveRequests runs the consumer's ServeRequests until the test ends.
-func (f *fixture) serveRequests(t *testing.T) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.proc.ServeRequests(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
 }
 
 // server serves a dashboard on f's schema with cfg (Schema is set).

@@ -27,12 +27,12 @@ func deepJSON(depth int) string {
 // each; and five dead producer events with the deep payload.
 func (f *fixture) hostile(t testing.TB) {
 	t.Helper()
-	f.setFail("deep", errors.New("deep"))
-	f.setFail("huge", errors.New("huge"))
-	f.setFail("ansi", errors.New("ansi"))
-	f.process(t, "deep", deepJSON(9_999), 1)
-	f.process(t, "huge", strings.Repeat("x", 10<<20), 1, 2)
-	f.process(t, "ansi", "\x1b[2J\x1b[H<script>alert(1)</script>forged", 1)
+	f.SetFail("deep", errors.New("deep"))
+	f.SetFail("huge", errors.New("huge"))
+	f.SetFail("ansi", errors.New("ansi"))
+	f.Process(t, "deep", deepJSON(9_999), 1)
+	f.Process(t, "huge", strings.Repeat("x", 10<<20), 1, 2)
+	f.Process(t, "ansi", "\x1b[2J\x1b[H<script>alert(1)</script>forged", 1)
 	for i := range 5 {
 		_, err := f.db.Pool.Exec(context.Background(), `INSERT INTO `+f.db.Table("dead_events")+` (id, event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, headers, created_at, attempts, last_error, hold)
 VALUES (100 + $3, gen_random_uuid(), $1, 'order', $1, 1, 'order.placed', convert_to($2, 'UTF8'), '{}', now(), 10, repeat('e', 100000), true)`, fmt.Sprint("deep-", i), deepJSON(9_999), i)

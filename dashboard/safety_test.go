@@ -55,7 +55,7 @@ func (l *logBuffer) String() string {
 func TestSafety(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.letters(t)
+	f.Letters(t)
 	local := "127.0.0.1:5555"
 
 	t.Run("DNSRebindingIsRefused", func(t *testing.T) {
@@ -137,7 +137,7 @@ func TestSafety(t *testing.T) {
 	t.Run("ResolveGapOfARecordNextInLine", func(t *testing.T) {
 		t.Parallel()
 		g := newFixture(t)
-		g.process(t, "o-9", `{}`, 2)
+		g.Process(t, "o-9", `{}`, 2)
 		_, err := g.db.Pool.Exec(context.Background(), `UPDATE `+g.db.Table("positions")+` SET last_seq = 1 WHERE aggregate_id = 'o-9'`)
 		require.NoError(t, err)
 		b := newBrowser(t, g.server(t, &dashboard.Config{Authorize: alice}))
@@ -148,13 +148,13 @@ func TestSafety(t *testing.T) {
 	t.Run("HealthIsSampled", func(t *testing.T) {
 		t.Parallel()
 		g := newFixture(t)
-		g.letters(t)
+		g.Letters(t)
 		d, err := dashboard.New(g.db.Pool, &dashboard.Config{Schema: g.db.Schema, HealthEvery: time.Hour})
 		require.NoError(t, err)
 		first := get(d, "localhost", local, "/").Body.String()
 		require.Contains(t, first, "every 1h0m0s")
-		g.setFail("o-5", errTest)
-		g.process(t, "o-5", `{}`, 1)
+		g.SetFail("o-5", errTest)
+		g.Process(t, "o-5", `{}`, 1)
 		second := get(d, "localhost", local, "/").Body.String()
 		require.Contains(t, second, `id="consumers"`)
 		letters := func(page string) string {
@@ -173,7 +173,7 @@ func TestSafety(t *testing.T) {
 func TestCSRFTokenBinding(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.letters(t)
+	f.Letters(t)
 	key := []byte(strings.Repeat("k", 32))
 	byHeader := func(r *http.Request) (string, bool) { return r.Header.Get("X-Actor"), r.Header.Get("X-Actor") != "" }
 	srv := f.server(t, &dashboard.Config{Authorize: byHeader, CSRFKey: key})
@@ -231,7 +231,7 @@ func TestCSRFTokenBinding(t *testing.T) {
 func TestAllowPerAction(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.letters(t)
+	f.Letters(t)
 	f.backlog(t)
 	var seen []dashboard.Act
 	var mu sync.Mutex

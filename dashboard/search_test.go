@@ -13,9 +13,9 @@ import (
 func TestSearch(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.letters(t)
-	f.process(t, "o-5", "v", 2) // a gap with no letter: seq 1 never came
-	f.process(t, "o-6", "v", 1) // applied
+	f.Letters(t)
+	f.Process(t, "o-5", "v", 2) // a gap with no letter: seq 1 never came
+	f.Process(t, "o-6", "v", 1) // applied
 	b := newBrowser(t, f.server(t, nil))
 
 	page := b.page("/consumers/billing/search?aggregate_type=order&aggregate_id=o-1")

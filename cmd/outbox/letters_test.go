@@ -6,66 +6,39 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/d419a114/outbox/consumer"
-	"github.com/d419a114/outbox/internal/pgtest"
-	"github.com/d419a114/outbox/producer"
+	"github.com/d419a114/outbox/internal/letterworld"
 )
 
-// consumerWithLetters is a consumer "billing" whose handler fails until
-// fixed, with dead letters at o-1 seq 1 (successors 2 and 3 parked), at o-2
-// seq 1, and a gap at o-3 (2 arrived, 1 did not).
-func consumerWithLetters(t *testing.T, db *pgtest.DB) (p *consumer.Processor, fixed *atomic.Bool, applied func() []string) {
+// consumerWithLetters is the consumer "billing" of internal/letterworld
+// with dead letters at o-1 seq 1 (successors 2 and 3 parked) and at o-2
+// seq 1, both failing with "charge <aggregate>: card processor down" until
+// fix is called, and a gap at o-3 (2 arrived, 1 did not).
+func consumerWithLetters(t *testing.T) (w *letterworld.World, fix func()) {
 	t.Helper()
-	ctx := context.Background()
-	effects := pgx.Identifier{db.Schema, "effects"}.Sanitize()
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+effects+` (n serial, event text)`)
-	require.NoError(t, err)
-	fixed = &atomic.Bool{}
-	p, err = consumer.Handle(db.Pool, "billing", consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if !fixed.Load() && m.AggregateID != "o-3" {
-			return consumer.Permanent(fmt.Errorf("charge %s: %w", m.AggregateID, errors.New("card processor down")))
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (event) VALUES ($1)`, m.IdempotencyKey)
-		return err
-	}), &consumer.Config{Schema: db.Schema, RequestPoll: 10 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	offset := int64(0)
-	for _, e := range []struct {
-		agg string
-		seq int64
-	}{{"o-1", 1}, {"o-1", 2}, {"o-1", 3}, {"o-2", 1}, {"o-3", 2}} {
-		offset++
-		r := producer.Record("orders", producer.Event{AggregateType: "order", AggregateID: e.agg, EventType: "order.changed", Payload: []byte(`{"total":5}`)},
-			producer.Stamp{EventID: fmt.Sprintf("%s-%d", e.agg, e.seq), Seq: e.seq})
-		r.Offset = offset
-		_, err := p.Process(ctx, r)
-		require.NoError(t, err)
+	w = letterworld.New(t)
+	for _, agg := range []string{"o-1", "o-2"} {
+		w.SetFail(agg, fmt.Errorf("charge %s: %w", agg, errors.New("card processor down")))
 	}
-	applied = func() []string {
-		rows, err := db.Pool.Query(ctx, `SELECT event FROM `+effects+` ORDER BY n`)
-		require.NoError(t, err)
-		events, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		return events
+	w.Process(t, "o-1", `{"total":5}`, 1, 2, 3)
+	w.Process(t, "o-2", `{"total":5}`, 1)
+	w.Process(t, "o-3", `{"total":5}`, 2)
+	return w, func() {
+		w.SetFail("o-1", nil)
+		w.SetFail("o-2", nil)
 	}
-	return p, fixed, applied
 }
 
 func TestLettersAndGaps(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t, nil)
+	w, fix := consumerWithLetters(t)
+	db, p := w.DB, w.Proc
 	exec := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		n := 1
@@ -86,8 +59,6 @@ func TestLettersAndGaps(t *testing.T) {
 			require.LessOrEqual(t, len([]rune(line)), 80, "fits 80 columns: %q", line)
 		}
 	}
-	p, fixed, applied := consumerWithLetters(t, db)
-
 	out, err := exec("letters", "list")
 	require.NoError(t, err)
 	fits(out)
@@ -147,7 +118,7 @@ func TestLettersAndGaps(t *testing.T) {
 	require.Contains(t, out, "replay 2 open letters of billing; 2 records parked behind their 2 aggregates may drain\n")
 	require.Contains(t, out, "failed 2")
 
-	fixed.Store(true)
+	fix()
 	out, err = exec("letters", "replay", "-consumer", "billing", "-reason", "handler", "-dry-run")
 	require.NoError(t, err)
 	require.Contains(t, out, "replay 2 open letters of billing")
@@ -158,14 +129,14 @@ func TestLettersAndGaps(t *testing.T) {
 	out, err = exec("letters", "replay", "-consumer", "billing", "-all", "-rate", "50", "-wait", "20s")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "matched 2, applied 2, duplicates 0, discarded 0, failed 0, skipped 0, drained 2\n")
-	require.Equal(t, []string{"o-1-1", "o-1-2", "o-1-3", "o-2-1"}, applied(), "each aggregate in sequence order")
+	require.Equal(t, []string{"o-1:1", "o-1:2", "o-1:3", "o-2:1"}, w.Applied(), "each aggregate in sequence order")
 
 	_, err = exec("gaps", "resolve", "-consumer", "billing", "-aggregate-type", "order", "-aggregate-id", "o-9", "-wait", "20s")
 	require.Equal(t, exitNotFound, exitCode(err))
 	out, err = exec("gaps", "resolve", "-consumer", "billing", "-aggregate-type", "order", "-aggregate-id", "o-3", "-wait", "20s")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "drained 1\n")
-	require.Equal(t, "o-3-2", applied()[4])
+	require.Equal(t, "o-3:2", w.Applied()[4])
 	out, err = exec("gaps", "list", "-o", "json")
 	require.NoError(t, err)
 	require.JSONEq(t, "[]", out)

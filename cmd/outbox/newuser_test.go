@@ -11,7 +11,6 @@ import (
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/deadletter"
-	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/operator"
 )
 
@@ -20,8 +19,8 @@ import (
 func TestNewUser(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.New(t, nil)
-	p, _, _ := consumerWithLetters(t, db)
+	w, _ := consumerWithLetters(t)
+	db, p := w.DB, w.Proc
 	ls, err := p.Inspector().Letters(ctx, &deadletter.ListOpts{Consumer: p.Name()})
 	require.NoError(t, err)
 	id := strconv.FormatInt(ls[0].ID, 10)
