@@ -14,7 +14,7 @@ import (
 // event router published in CDC mode, the event's own headers spread out:
 // the router carries them as one JSON object in outbox.HeaderCDCHeaders,
 // and each becomes a header of its own, after the record's, unless the
-// record already carries that name. So Message.Headers, and a tracer that
+// record already carries that name. So [Message.Headers], and a tracer that
 // reads the trace context from them, see the same headers whether the
 // relay or Debezium published the event. A header that is not a JSON
 // object of strings is left as it is.

@@ -67,7 +67,7 @@ type Config struct {
 	// Unordered declares that the handler needs no order: each record is
 	// applied once (its idempotency key is still claimed), but sequence
 	// headers are not checked, so nothing is parked behind a gap, a
-	// dead letter holds nothing back, and Message.Seq is only
+	// dead letter holds nothing back, and [Message.Seq] is only
 	// information. A Consumer on a share group (kgo.ShareGroup), which
 	// delivers records in no order, requires it. Default false.
 	Unordered bool
@@ -106,7 +106,7 @@ type Config struct {
 	// a transaction pooler (PgBouncer pool_mode=transaction) point it at
 	// the PostgreSQL server directly or at a session-mode pool. The
 	// listener checks that it is a session; when it is not, it says so at
-	// WARN once, naming Config.SessionConfig, and does not listen: requests
+	// WARN once, naming [Config.SessionConfig], and does not listen: requests
 	// are then taken up at the next RequestPoll, as polling is what
 	// guarantees they are. Default: the pool's connection config.
 	SessionConfig *pgx.ConnConfig

@@ -29,7 +29,7 @@
 // Records with no sequence header bypass ordering; dedupe still applies.
 // Records from other producers (Debezium's outbox event router, plain
 // clients) work: the key is taken from the idempotency-key header, then
-// the event id, then Debezium's id header, then Config.KeyFunc. Such
+// the event id, then Debezium's id header, then [Config.KeyFunc]. Such
 // records are the producer's contract, not the SDK's, and three of their
 // edges are worth knowing:
 //
@@ -63,7 +63,7 @@
 //     its own lane, never waiting for another's, and Config.Concurrency
 //     lets several aggregates of one partition be applied at once.
 //
-// Batch mode (ProcessBatch, or Config.BatchSize above 1 for the Consumer)
+// Batch mode (ProcessBatch, or [Config.BatchSize] above 1 for the Consumer)
 // applies several records of a partition in one transaction with the same results as
 // one at a time: anything off the happy path (a handler error, a gap)
 // rolls the batch back and runs its records one by one. A handler that also

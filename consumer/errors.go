@@ -102,8 +102,8 @@ func infra(err error) error {
 }
 
 // HandlerTimeoutError reports a handler that did not return within
-// Config.HandlerTimeout. It counts as a failed attempt: the record is
-// retried and, after Config.MaxAttempts, dead-lettered with this error.
+// [Config.HandlerTimeout]. It counts as a failed attempt: the record is
+// retried and, after [Config.MaxAttempts], dead-lettered with this error.
 type HandlerTimeoutError struct {
 	Timeout time.Duration
 	// Err is what the handler returned, typically its context's error.
@@ -143,7 +143,7 @@ type errClass int
 
 const (
 	// classRecord: the handler failed for this record. The try counts
-	// toward Config.MaxAttempts and the record is dead-lettered after the
+	// toward [Config.MaxAttempts] and the record is dead-lettered after the
 	// last (at once when the error is Permanent).
 	classRecord errClass = iota
 	// classTransient: the database or the network failed, or the

@@ -33,7 +33,7 @@ type Inspector struct {
 // outbox.DefaultSchema) in db: a *pgxpool.Pool, or a *pgx.Conn or pgx.Tx
 // for reads inside one session or transaction. It reads nothing yet, so a
 // schema that is not migrated shows in the first read's error. It refuses a
-// nil db and a schema name longer than PostgreSQL keeps. Processor.Inspector
+// nil db and a schema name longer than PostgreSQL keeps. [Processor.Inspector]
 // returns the one of a Processor's database and schema.
 func NewInspector(db outbox.DB, schema string) (*Inspector, error) {
 	if db == nil {
@@ -76,7 +76,7 @@ func (in *Inspector) Consumers(ctx context.Context) ([]string, error) {
 // gap's Since is when its lowest parked record was parked. An aggregate
 // held only by an open dead letter beyond its next sequence, with nothing
 // parked, is not a gap here: its letter is among the dead letters.
-// Processor.ResolveGap resolves a gap.
+// [Processor.ResolveGap] resolves a gap.
 func (in *Inspector) Gaps(ctx context.Context, opts *ordering.GapOpts) (ordering.GapPage, error) {
 	return sequence.ListGaps(ctx, in.db, in.sql.Parked, opts)
 }

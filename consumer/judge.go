@@ -15,7 +15,7 @@ const probeTimeout = 5 * time.Second
 // timeout, a deadlock or a lost connection in the handler's own work,
 // which a sick record and an outage both cause. It asks the database on
 // another connection. When the database answers, it serves other work and
-// the failure is the record's: its try counts toward Config.MaxAttempts,
+// the failure is the record's: its try counts toward [Config.MaxAttempts],
 // so a record whose handler times out every time ends as a dead letter
 // instead of being handed back for ever. When it does not answer, that is
 // an outage: nothing counts, nothing is dead-lettered, and the log says

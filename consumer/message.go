@@ -45,7 +45,7 @@ type Message struct {
 	// the record bypasses ordering (see HasSeq).
 	Seq int64
 	// IdempotencyKey is the key the record is deduplicated on, found by
-	// Config.KeyFunc's documented order; never "" for a message a handler
+	// [Config.KeyFunc]'s documented order; never "" for a message a handler
 	// sees (a record without one is dead-lettered before the handler).
 	IdempotencyKey string
 	// ContentType is outbox.HeaderContentType; "" when absent.
@@ -64,7 +64,7 @@ type Message struct {
 	keyFrom string
 }
 
-// keyFromFunc is Message.keyFrom for a key that Config.KeyFunc returned.
+// keyFromFunc is Message.keyFrom for a key that [Config.KeyFunc] returned.
 const keyFromFunc = "Config.KeyFunc"
 
 // ErrTombstone means a record is a tombstone: a null value and no headers,
@@ -72,7 +72,7 @@ const keyFromFunc = "Config.KeyFunc"
 // delete unless tombstones.on.delete is false), not an event. It has no
 // idempotency key, so it is dead-lettered like any record without one;
 // errors.Is(err, ErrNoKey) holds too. To apply tombstones, give them a key
-// with Config.KeyFunc: the handler then sees them with a nil Value. To
+// with [Config.KeyFunc]: the handler then sees them with a nil Value. To
 // keep them out, drop them at the source (tombstones.on.delete=false) or
 // discard their dead letters.
 var ErrTombstone = fmt.Errorf("consumer: record is a tombstone (null value, no headers), a compacted topic's delete marker rather than an event: %w", ErrNoKey)
@@ -116,7 +116,7 @@ func (e *HeaderError) Error() string {
 	return fmt.Sprintf("consumer: header %s=%q: %s", e.Header, e.Value, e.Reason)
 }
 
-// ValueTooLargeError reports a record value above Config.MaxValueBytes. It
+// ValueTooLargeError reports a record value above [Config.MaxValueBytes]. It
 // is permanent.
 type ValueTooLargeError struct {
 	Size, Max int

@@ -14,7 +14,7 @@ import (
 )
 
 // requestSession connects the operator request listener with
-// Config.SessionConfig (default: pool's config), a connection of its own
+// [Config.SessionConfig] (default: pool's config), a connection of its own
 // outside the pool, and checks that it is a session of its own
 // (pgsession.Check): through a transaction pooler LISTEN hears nothing.
 // When it is not, it says so at WARN and waits for ctx to end, so that the

@@ -41,11 +41,11 @@ type requestTuning struct {
 
 // ServeRequests carries out the operator requests (package operator)
 // addressed to the consumer until ctx ends: it looks for them every
-// Config.RequestPoll and, when the Processor's db is a *pgxpool.Pool, as
+// [Config.RequestPoll] and, when the Processor's db is a *pgxpool.Pool, as
 // soon as one is submitted (on a connection of its own, LISTENing on
-// operator.Channel). Consumer.Run calls it; a poll loop of one's own
+// operator.Channel). [Consumer.Run] calls it; a poll loop of one's own
 // around Process should run it beside the loop. It returns nil once ctx
-// ends (a clean stop, as for Consumer.Run).
+// ends (a clean stop, as for [Consumer.Run]).
 //
 // A request is carried out through Replay, Discard and ResolveGap, with
 // the request's requester as the actor of their audit rows. Each action
@@ -58,7 +58,7 @@ type requestTuning struct {
 // stopped before its next action.
 //
 // When ctx ends, no new action starts, and the one in flight gets
-// Config.ShutdownGrace to finish; then its context is cancelled, and an
+// [Config.ShutdownGrace] to finish; then its context is cancelled, and an
 // action that still has not returned a second later is left behind: its
 // transaction's database session is ended (the server rolls it back) and
 // ServeRequests returns without it. A request left half-done is given up

@@ -16,7 +16,7 @@ import (
 // the same path as a fresh record: the key is claimed, the sequence checked,
 // the handler run once (no retries: the operator sees the error), and the
 // successors parked behind it drained in order: the first 50 in the same
-// transaction, the rest afterwards by DrainReady (which Consumer.Run calls;
+// transaction, the rest afterwards by DrainReady (which [Consumer.Run] calls;
 // Replay does not wait for them). The letter is marked
 // replayed in the same transaction, so a replay that succeeds applies the
 // effect exactly once (within the consumer's database), and one that fails

@@ -66,11 +66,11 @@ type Processor struct {
 	dead     *letters.Store
 	ops      *operator.Store
 	log      *slog.Logger
-	// ready wakes Consumer.Run's drainer; see readyToDrain and leftInLine.
+	// ready wakes [Consumer.Run]'s drainer; see readyToDrain and leftInLine.
 	ready chan struct{}
 	// sql holds the hot path's statements; see tables.HotPath.
 	sql tables.HotPath
-	// tracer is Config.Tracer; batchTracer the same when it is a
+	// tracer is [Config.Tracer]; batchTracer the same when it is a
 	// BatchTracer.
 	tracer      Tracer
 	batchTracer BatchTracer
@@ -149,7 +149,7 @@ func (p *Processor) appliedCount() int64 { return p.applied.Load() }
 // is not: the database failed, ctx ended, or under ordering.GapFail the
 // record waits for a gap (*ordering.GapError); process it again later.
 //
-// Handler errors are retried with backoff up to Config.MaxAttempts (once
+// Handler errors are retried with backoff up to [Config.MaxAttempts] (once
 // for a Permanent error); then the record is written to the dead-letter
 // table in a transaction of its own, and its aggregate's later records are
 // parked behind it.
@@ -168,5 +168,5 @@ func (p *Processor) processRecord(ctx context.Context, rec *kgo.Record) (Result,
 }
 
 // ordered reports whether m's sequence is checked: it has one and the
-// Processor is not Config.Unordered.
+// Processor is not [Config.Unordered].
 func (p *Processor) ordered(m *Message) bool { return m.HasSeq() && !p.cfg.Unordered }

@@ -10,7 +10,7 @@ import (
 )
 
 // BatchHandler is a Handler that can also apply several messages in one
-// call, for batch mode (ProcessBatch, or Config.BatchSize above 1 for the
+// call, for batch mode (ProcessBatch, or [Config.BatchSize] above 1 for the
 // Consumer): a handler that writes each message's effect with a statement
 // of its own spends a round trip per message, and one multi-row statement
 // for the whole batch saves them. Give Handle or New a handler that

@@ -123,7 +123,7 @@ func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int,
 // by a release too long for one transaction: Replay, Discard and ResolveGap
 // apply the first 50 successors and return, and a process that stops
 // between two chunks leaves the rest. DrainReady works in transactions of
-// at most 50 records each, oldest aggregate first. Consumer.Run calls it
+// at most 50 records each, oldest aggregate first. [Consumer.Run] calls it
 // when it starts, after such an operator action in its own process, and
 // every minute; a poll loop of one's own around Process should call it as
 // well.
@@ -149,7 +149,7 @@ func (p *Processor) DrainReady(ctx context.Context) (int, error) {
 	}
 }
 
-// readyToDrain tells Consumer.Run, if one runs with p, that an operator
+// readyToDrain tells [Consumer.Run], if one runs with p, that an operator
 // action left parked records in line.
 func (p *Processor) readyToDrain() {
 	select {
@@ -159,5 +159,5 @@ func (p *Processor) readyToDrain() {
 }
 
 // leftInLine receives when an operator action left parked records in line
-// (readyToDrain): Consumer.Run's drainer waits on it.
+// (readyToDrain): [Consumer.Run]'s drainer waits on it.
 func (p *Processor) leftInLine() <-chan struct{} { return p.ready }

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// call runs the handler with Config.HandlerTimeout, turning a panic into a
+// call runs the handler with [Config.HandlerTimeout], turning a panic into a
 // *PanicError and a handler that ran out of its time into a
 // *HandlerTimeoutError.
 func (p *Processor) call(ctx context.Context, tx pgx.Tx, m *Message) error {
@@ -18,7 +18,7 @@ func (p *Processor) call(ctx context.Context, tx pgx.Tx, m *Message) error {
 	return p.timedOut(ctx, hctx, err)
 }
 
-// handlerContext is ctx with Config.HandlerTimeout, when there is one.
+// handlerContext is ctx with [Config.HandlerTimeout], when there is one.
 func (p *Processor) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if p.cfg.HandlerTimeout < 0 {
 		return context.WithCancel(ctx)

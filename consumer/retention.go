@@ -6,13 +6,13 @@ package consumer
 type RetentionKind string
 
 const (
-	// RetentionReplayWindow is Config.KeyRetention shorter than
-	// Config.ReplayWindow: a dead letter replayed after its key was pruned
+	// RetentionReplayWindow is [Config.KeyRetention] shorter than
+	// [Config.ReplayWindow]: a dead letter replayed after its key was pruned
 	// applies its effect again. Raise KeyRetention to at least
 	// ReplayWindow.
 	RetentionReplayWindow RetentionKind = "replay_window"
 	// RetentionTopicLonger is a topic that keeps its records (retention.ms)
-	// longer than Config.KeyRetention: a redelivery after the key was
+	// longer than [Config.KeyRetention]: a redelivery after the key was
 	// pruned (an offset reset, a new consumer group) applies its effect
 	// again. Raise KeyRetention above the topic's retention.ms, or lower
 	// retention.ms.

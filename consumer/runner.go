@@ -44,11 +44,11 @@ func ClientOpts() []kgo.Opt {
 
 // Consumer runs a Processor over a franz-go consumer group. Each assigned
 // partition has a lane of its own: one poll loop feeds the lanes, and a
-// lane that is full (Config.PartitionBuffer) pauses the fetching of its
+// lane that is full ([Config.PartitionBuffer]) pauses the fetching of its
 // partition alone, so a slow or stuck partition never delays the records of
 // another.
 //
-// Inside a lane, up to Config.Concurrency records (or batches, with
+// Inside a lane, up to [Config.Concurrency] records (or batches, with
 // BatchSize above 1) are in flight at once, never two of one aggregate
 // (records without aggregate headers are grouped by their record key;
 // records with neither go freely), and each aggregate's records are applied
@@ -56,7 +56,7 @@ func ClientOpts() []kgo.Opt {
 // strictly one after another in offset order.
 //
 // Each partition's offset is committed up to its lowest record not yet
-// done, every Config.CommitInterval, when the partition is revoked and when
+// done, every [Config.CommitInterval], when the partition is revoked and when
 // Run returns; never past a record whose transaction has not committed.
 // After a crash, the records above that offset that were done already are
 // redelivered and skipped by dedupe, so no map of done offsets is kept
@@ -68,7 +68,7 @@ func ClientOpts() []kgo.Opt {
 // When the group revokes partitions (a member joins or leaves; on the
 // consumer group protocol, and on the classic one with the default
 // cooperative-sticky balancer, only those partitions move), their
-// lanes stop taking records, the records in flight get Config.ShutdownGrace
+// lanes stop taking records, the records in flight get [Config.ShutdownGrace]
 // to finish, after which their handlers' contexts are cancelled and their
 // transactions rolled back, and the lanes' offsets are committed before the
 // group goes on: no record is in two members' handlers at once. The poll
@@ -84,8 +84,8 @@ func ClientOpts() []kgo.Opt {
 //
 // On a share group (a client made with kgo.ShareGroup; Kafka 4.2 and
 // later), the broker hands a partition's records to many members in no
-// order, so New takes only a handler that needs none (Config.Unordered).
-// Each poll's records are applied with up to Config.Concurrency at once
+// order, so New takes only a handler that needs none ([Config.Unordered]).
+// Each poll's records are applied with up to [Config.Concurrency] at once
 // (BatchSize records of one partition together) and each is acknowledged
 // by its outcome: applied and duplicate records are accepted,
 // dead-lettered ones rejected (the dead letter keeps them for Replay). A
@@ -186,7 +186,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 func (c *Consumer) Processor() *Processor { return c.proc }
 
 // Run consumes until ctx ends, then stops taking new records, lets the ones
-// in flight finish (up to Config.ShutdownGrace), commits the offsets of
+// in flight finish (up to [Config.ShutdownGrace]), commits the offsets of
 // everything applied, and returns nil. It does not close the client. It
 // returns ErrClosed if the client was closed, ErrRunning when called a
 // second time (a Consumer runs once), and an error when another Consumer

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// drainSweep is how often Consumer.Run looks for parked records left in
+// drainSweep is how often [Consumer.Run] looks for parked records left in
 // line, by another process's Replay, Discard or ResolveGap or by a process
 // that stopped between two chunks.
 const drainSweep = time.Minute

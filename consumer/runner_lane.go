@@ -12,7 +12,7 @@ import (
 )
 
 // lane takes one partition's records from the poll loop and applies them:
-// up to Config.Concurrency records or batches at once, in the order its
+// up to [Config.Concurrency] records or batches at once, in the order its
 // queue allows.
 type lane struct {
 	c  *Consumer

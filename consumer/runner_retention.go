@@ -10,8 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 )
 
-// CheckRetention compares Config.KeyRetention with the retention of the
-// subscribed topics (read from the broker) and with Config.ReplayWindow,
+// CheckRetention compares [Config.KeyRetention] with the retention of the
+// subscribed topics (read from the broker) and with [Config.ReplayWindow],
 // and returns a warning for each way a record could come back after its
 // key was pruned, when it would be applied a second time: a replay window
 // longer than the keys, a topic kept longer than the keys, kept forever

@@ -12,7 +12,7 @@ import (
 // CheckSchema fails when the consumer's tables are missing from its
 // database, or older than this version of the SDK needs, with an error
 // that wraps outbox.ErrNotMigrated and says to run outbox.Migrate there.
-// Consumer.Run calls it first; a poll loop of one's own around Process
+// [Consumer.Run] calls it first; a poll loop of one's own around Process
 // should call it at start-up: the consumer's own statements would
 // otherwise fail on every record, which says nothing about the records,
 // and be retried for ever.
@@ -26,7 +26,7 @@ func (p *Processor) CheckSchema(ctx context.Context) error {
 // minConns is the smallest pool a Consumer runs on: one connection for a
 // record's transaction, one for the work beside it (dead letters, drains,
 // the probe that tells a sick record from an outage, operator requests).
-// The requests' listener connects on its own (Config.SessionConfig).
+// The requests' listener connects on its own ([Config.SessionConfig]).
 const minConns = 2
 
 // checkPool refuses a pool too small for the Consumer, which would wait

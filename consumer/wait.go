@@ -8,7 +8,7 @@ import (
 )
 
 // backoff is the wait before retry number attempt (1 for the first) of a
-// record, within Config.MinBackoff and Config.MaxBackoff: the Processor's
+// record, within [Config.MinBackoff] and [Config.MaxBackoff]: the Processor's
 // retries and the Consumer's of a record that is not done wait alike.
 func (c *Config) backoff(attempt int) time.Duration {
 	return backoff.Policy{Min: c.MinBackoff, Max: c.MaxBackoff}.Delay(attempt)
