@@ -133,7 +133,7 @@ func TestRequestListenerSessionConfig(t *testing.T) {
 	t.Run("ThroughTransactionPoolingWarnsAndPolls", func(t *testing.T) {
 		t.Parallel()
 		db, logs := setup(t, false)
-		eventually.True(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), warning) }, "no WARN naming "+warning)
+		eventually.True(t, 60*time.Second, func() bool { return strings.Contains(logs.String(), warning) }, "no WARN naming "+warning)
 		r := submitAndWait(t, db, request)
 		require.Equal(t, operator.Failed, r.Status, "the request was not carried out by polling")
 		require.Equal(t, 1, strings.Count(logs.String(), warning), "warned more than once")
@@ -141,7 +141,7 @@ func TestRequestListenerSessionConfig(t *testing.T) {
 	t.Run("DirectListens", func(t *testing.T) {
 		t.Parallel()
 		db, logs := setup(t, true)
-		eventually.True(t, 10*time.Second, func() bool { return listening(t, db) == 1 }, "the server does not listen")
+		eventually.True(t, 60*time.Second, func() bool { return listening(t, db) == 1 }, "the server does not listen")
 		r := submitAndWait(t, db, request)
 		require.Equal(t, operator.Failed, r.Status)
 		require.NotContains(t, logs.String(), warning)
