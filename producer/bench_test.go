@@ -296,6 +296,10 @@ RETURNING e.id, e.event_id::text, e.idempotency_key, e.aggregate_type, e.aggrega
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(b, err)
 	defer conn.Release()
+	// As the relay's lock session; the bare claim runs with the same
+	// settings.
+	_, err = conn.Exec(ctx, producer.ClaimSessionSQL(db.Schema))
+	require.NoError(b, err)
 	took := make([]time.Duration, len(claims))
 	for b.Loop() {
 		for i, c := range claims {
