@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox/internal/kafkatest"
+	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/internal/tables"
 )
 
 // claimTimer is a pgx tracer that times the relay's claim statements.
@@ -81,4 +83,110 @@ func TestClaimAfterBacklogGrewPastStatistics(t *testing.T) {
 	for i, d := range timer.first(5) {
 		require.Less(t, d, 500*time.Millisecond, "claim %d of 100 rows at a backlog of 40,000 took %s", i, d)
 	}
+}
+
+// TestClaimWalksItsBatchNotTheBacklog checks the claim's plan on a table
+// with history, on both layouts: 100,000 delivered events analyzed (so the
+// planner expects almost no undelivered row, as after autovacuum analyzed
+// a table whose rows were all delivered), then a backlog of 20,000. The
+// claim must walk the undelivered index in id order and stop at its batch,
+// not read and sort the backlog: before issue 26's fix it read all 20,000
+// rows on every claim of 1,000, O(backlog) per claim and O(backlog^2) per
+// drain. It runs the claim on a session set up as the relay sets up its own
+// (tables.Relay.ClaimSession) and reads EXPLAIN ANALYZE.
+func TestClaimWalksItsBatchNotTheBacklog(t *testing.T) {
+	t.Parallel()
+	for _, partitioned := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "partitioned"}[partitioned], func(t *testing.T) {
+			t.Parallel()
+			const batch, backlog = 1000, 20_000
+			ctx := context.Background()
+			db := pgtest.New(t, &pgtest.Opts{PartitionEventsByDay: partitioned})
+			events := db.Table("events")
+			// Autovacuum must not analyze the backlog meanwhile: on the
+			// partitioned layout the setting belongs to each partition.
+			_, err := db.Pool.Exec(ctx, `
+DO $$ DECLARE r record; BEGIN
+    FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+             WHERE c.oid = '`+events+`'::regclass AND c.relkind = 'r'
+                OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '`+events+`'::regclass) LOOP
+        EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = false)', r.rel);
+    END LOOP;
+END $$`)
+			require.NoError(t, err)
+			insert := `INSERT INTO ` + events + ` (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq, event_type, payload, published_at)
+SELECT gen_random_uuid(), $1 || g, 'account', (g % 400)::text, $2 + g / 400, 'funds.moved', '\x00', $3
+FROM generate_series(0, $4 - 1) AS g`
+			_, err = db.Pool.Exec(ctx, insert, "old-", 1, time.Now(), 100_000)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, `ANALYZE `+events)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, insert, "new-", 1_000, nil, backlog)
+			require.NoError(t, err)
+
+			sql := tables.ProducerFor(db.Schema).Relay
+			conn, err := db.Pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer conn.Release()
+			_, err = conn.Exec(ctx, sql.ClaimSession)
+			require.NoError(t, err)
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			buckets := make([]int32, tables.RelayBuckets)
+			for i := range buckets {
+				buckets[i] = int32(i)
+			}
+			var plan []struct{ Plan planNode }
+			require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql.Claim, buckets, batch, 30_000, []int32{}).Scan(&plan))
+			require.Len(t, plan, 1)
+			require.InDelta(t, batch, plan[0].Plan.ActualRows, 0, "rows claimed")
+			candidates := plan[0].Plan.find("CTE candidates")
+			require.NotNil(t, candidates, "the claim's plan has no CTE candidates")
+			read, sorts := candidates.scanned()
+			require.Zero(t, sorts, "the candidates are sorted instead of walked in id order")
+			require.LessOrEqual(t, read, float64(2*batch), "to claim %d rows of a backlog of %d the claim read %.0f", batch, backlog, read)
+		})
+	}
+}
+
+// planNode is a node of EXPLAIN (ANALYZE, FORMAT JSON).
+type planNode struct {
+	NodeType       string     `json:"Node Type"`
+	SubplanName    string     `json:"Subplan Name"`
+	RelationName   string     `json:"Relation Name"`
+	ActualRows     float64    `json:"Actual Rows"`
+	ActualLoops    float64    `json:"Actual Loops"`
+	RemovedByFiler float64    `json:"Rows Removed by Filter"`
+	Plans          []planNode `json:"Plans"`
+}
+
+// find returns the first node named subplan, depth first.
+func (n *planNode) find(subplan string) *planNode {
+	if n.SubplanName == subplan {
+		return n
+	}
+	for i := range n.Plans {
+		if f := n.Plans[i].find(subplan); f != nil {
+			return f
+		}
+	}
+	return nil
+}
+
+// scanned returns how many rows of the events table (or its partitions)
+// the scans under n read, those their filters removed included, and how
+// many sorts there are under n.
+func (n *planNode) scanned() (rows float64, sorts int) {
+	if n.NodeType == "Sort" {
+		sorts++
+	}
+	if strings.HasPrefix(n.RelationName, "events") {
+		rows += (n.ActualRows + n.RemovedByFiler) * max(n.ActualLoops, 1)
+	}
+	for i := range n.Plans {
+		r, s := n.Plans[i].scanned()
+		rows, sorts = rows+r, sorts+s
+	}
+	return rows, sorts
 }

@@ -95,6 +95,12 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 			_ = conn.Close(context.WithoutCancel(ctx))
 			return err
 		}
+		// The claims run on this session; its settings keep their cost
+		// independent of the table's statistics (tables.Relay.ClaimSession).
+		if _, err := conn.Exec(ctx, o.r.sql.ClaimSession); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			return fmt.Errorf("producer: set up the relay's session for claims: %w", err)
+		}
 		o.conn, o.sessionPID = conn, 0
 	}
 	s := &o.r.sql

@@ -8,6 +8,10 @@ import "github.com/d419a114/outbox/internal/tables"
 // of the aggregates in flight (int[]).
 func ClaimSQL(schema string) string { return tables.ProducerFor(schema).Relay.Claim }
 
+// ClaimSessionSQL sets up a session for ClaimSQL as the relay sets up its
+// lock session.
+func ClaimSessionSQL(schema string) string { return tables.ProducerFor(schema).Relay.ClaimSession }
+
 // BucketLockKey is the first key of the relay's bucket locks on schema
 // (pg_advisory_lock(key, bucket)), for the tests that hold buckets
 // themselves.
