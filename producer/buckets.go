@@ -30,7 +30,7 @@ func schemaLockKey(schema string) int32 {
 // connection holds one advisory lock per owned bucket and also runs the
 // claims: if the session dies, the locks die with it and so does the next
 // claim, so a relay that lost its locks cannot go on claiming their work.
-// Only the goroutine running Relay.Run touches it.
+// Only the goroutine running [Relay.Run] touches it.
 type bucketOwner struct {
 	r    *Relay
 	conn *pgx.Conn

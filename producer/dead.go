@@ -17,7 +17,7 @@ import (
 // DeadEvent is an event the relay gave up on: the producer's side of what
 // deadletter.Letter is for a consumer, with the same names where they mean
 // the same (Seq, Error, Attempts, LastFailedAt, Status, ResolvedAt).
-// Inspector.DeadEvents and Inspector.DeadEvent read them. Its JSON names are its fields' in snake_case, as the CLI's -o json
+// [Inspector.DeadEvents] and [Inspector.DeadEvent] read them. Its JSON names are its fields' in snake_case, as the CLI's -o json
 // prints them and as it prints a letter's.
 type DeadEvent struct {
 	ID             int64             `db:"id" json:"id"`
@@ -79,7 +79,7 @@ func NewDeadEvents(cfg *DeadEventsConfig) (*DeadEvents, error) {
 }
 
 // listDead reads the dead events that opts (nil: all) matches with sql;
-// Inspector.DeadEvents says which filters it takes.
+// [Inspector.DeadEvents] says which filters it takes.
 func listDead(ctx context.Context, db outbox.DB, sql tables.DeadEvents, opts *deadletter.ListOpts) ([]DeadEvent, error) {
 	o := deadletter.ListOpts{}
 	if opts != nil {
@@ -149,7 +149,7 @@ func findDead(ctx context.Context, db outbox.DB, sql tables.DeadEvents, id int64
 // deadletter.ErrResolved.
 //
 // The event keeps its original creation time, so until it is delivered
-// Health.OldestUndelivered reports its age. Under SkipDead its successors
+// [Health.OldestUndelivered] reports its age. Under SkipDead its successors
 // went out long ago, so it reaches consumers after them.
 func (d *DeadEvents) Replay(ctx context.Context, db outbox.DB, id int64) error {
 	tag, err := db.Exec(ctx, d.sql.Replay, id)

@@ -30,7 +30,7 @@ const (
 	DispatchCDC Dispatch = "cdc"
 )
 
-// ErrCDCDispatch is returned, wrapped, by Relay.Run when the schema is
+// ErrCDCDispatch is returned, wrapped, by [Relay.Run] when the schema is
 // dispatched by change data capture (DispatchCDC): a relay must not publish
 // beside the connector. It is permanent until the mode changes.
 var ErrCDCDispatch = errors.New("producer: the schema's events are published by change data capture, not by a relay")
@@ -69,7 +69,7 @@ type DispatchConfig struct {
 // DispatchRelay finds events written in CDC mode that the connector has
 // not streamed yet: a relay publishing newer events of their aggregates
 // before them would reorder the topic. Nothing changed. It is retryable:
-// keep the connector running and call again, or set DispatchConfig.Wait.
+// keep the connector running and call again, or set [DispatchConfig.Wait].
 type SlotLagError struct {
 	// Slot is the connector's replication slot.
 	Slot string
@@ -85,7 +85,7 @@ func (e *SlotLagError) Error() string {
 		e.Slot, e.Pending, e.LagBytes)
 }
 
-// DispatchState is a schema's dispatch mode, as Inspector.Dispatch reads
+// DispatchState is a schema's dispatch mode, as [Inspector.Dispatch] reads
 // it.
 type DispatchState struct {
 	// Mode is who publishes the schema's events.
@@ -98,7 +98,7 @@ type DispatchState struct {
 }
 
 // readDispatch reads the dispatch mode of schema with sql, for
-// Inspector.Dispatch and the relay. A schema migrated by a build before
+// [Inspector.Dispatch] and the relay. A schema migrated by a build before
 // the mode existed (no dispatch table) is DispatchRelay.
 func readDispatch(ctx context.Context, db outbox.DB, sql tables.Dispatch, schema string) (DispatchState, error) {
 	var (
@@ -150,7 +150,7 @@ const sqlstateUndefinedTable = "42P01"
 // attribute) whether an event inserted before that point lies past its
 // confirmed position. If one does it returns a *SlotLagError and changes
 // nothing, or, with cfg.Wait, waits for the connector until ctx ends (see
-// DispatchConfig.MaxWriterBlock). Debezium confirms an event only after it
+// [DispatchConfig.MaxWriterBlock]). Debezium confirms an event only after it
 // sent a later record: configure heartbeats (docs/cdc.md). A slot that is
 // gone is refused unless cfg.SkipSlotCheck. Keep the connector running
 // until a relay runs (it also streams the new events; duplicates are
@@ -267,7 +267,7 @@ func setDispatch(ctx context.Context, db outbox.DB, mode Dispatch, c *DispatchCo
 }
 
 // checkSwitchBack runs steps 1 to 3 of setDispatch's switch back in tx.
-// With DispatchConfig.Wait it holds the lock while the slot catches up,
+// With [DispatchConfig.Wait] it holds the lock while the slot catches up,
 // for at most MaxWriterBlock: under steady writes the connector's
 // confirmed position trails by an offset flush, and without the lock new
 // CDC-mode writes would keep it trailing for ever.
@@ -311,7 +311,7 @@ const slotPoll = 100 * time.Millisecond
 // waitSlot asks the slot, without blocking writers, whether it has
 // confirmed every event inserted before the current WAL position, when the
 // schema is in CDC mode. If it has not, it returns the *SlotLagError, or
-// with DispatchConfig.Wait asks again until it has or ctx ends.
+// with [DispatchConfig.Wait] asks again until it has or ctx ends.
 func waitSlot(ctx context.Context, db outbox.DB, c *DispatchConfig) error {
 	tick := time.NewTicker(slotPoll)
 	defer tick.Stop()

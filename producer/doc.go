@@ -11,7 +11,7 @@
 // aggregate, the relay never puts seq n+1 on the wire before seq n was
 // acknowledged; several relay instances share the work without breaking
 // that. An event the broker refuses for good (too large, invalid topic, not
-// authorised) moves to the dead events after RelayConfig.MaxAttempts and,
+// authorised) moves to the dead events after [RelayConfig.MaxAttempts] and,
 // by default, holds the later events of its aggregate until it is replayed
 // or discarded; it never blocks other aggregates and is never dropped.
 //
@@ -28,10 +28,10 @@
 // and retried with backoff; Run returns only when its context ends.
 //
 // A relay that dies (or loses its database session) leaves its claimed
-// rows leased for up to RelayConfig.Lease. The relay that takes their
+// rows leased for up to [RelayConfig.Lease]. The relay that takes their
 // buckets over claims the rest of those buckets at once and holds the
 // aggregates of the leased rows until the leases end, so that their later
-// events never go out first; it logs the hold at WARN and Relay.Health
+// events never go out first; it logs the hold at WARN and [Relay.Health]
 // lists it. A claim also holds back an aggregate behind an earlier row it
 // cannot lock or that is leased.
 //
@@ -41,7 +41,7 @@
 // commit order, gapless. Keep such transactions short.
 //
 // LISTEN and session advisory locks need a real session: behind PgBouncer in
-// transaction mode, set RelayConfig.SessionConfig to a direct connection.
+// transaction mode, set [RelayConfig.SessionConfig] to a direct connection.
 //
 // # Reading and resolving
 //

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// Health is the producer side's state, as Inspector.Health reads it from
+// Health is the producer side's state, as [Inspector.Health] reads it from
 // the health view.
 //
 // Alert on OldestUndelivered (say, over five minutes) and on Dead > 0, not
@@ -18,7 +18,7 @@ import (
 // event stuck for an hour is not. Age rising while the broker's lag is flat
 // points at the relay; both rising points at the broker or the consumers.
 // Age rising for a few seconds after a relay died is its successor waiting
-// for the dead relay's leases: Relay.Health says which aggregates and until
+// for the dead relay's leases: [Relay.Health] says which aggregates and until
 // when.
 type Health struct {
 	// Undelivered counts events not yet acknowledged by the broker.
@@ -61,11 +61,11 @@ type Health struct {
 }
 
 // RelayHealth is a running relay's own account of its share of the work,
-// for a health endpoint of the process that runs it; Relay.Health returns
+// for a health endpoint of the process that runs it; [Relay.Health] returns
 // it. Undelivered events whose age climbs while Held lists their aggregate
 // are waiting for a lease, not lost: the relay logs each hold at WARN too.
 type RelayHealth struct {
-	// RelayID names the instance (RelayConfig.RelayID).
+	// RelayID names the instance ([RelayConfig.RelayID]).
 	RelayID string
 	// Buckets counts the buckets the instance owns, of 64.
 	Buckets int
@@ -114,7 +114,7 @@ type TopicFailure struct {
 	Failures int
 }
 
-// failingTopics is the state behind RelayHealth.FailingTopics.
+// failingTopics is the state behind [RelayHealth.FailingTopics].
 type failingTopics struct {
 	mu sync.Mutex
 	m  map[string]*TopicFailure
@@ -197,7 +197,7 @@ func (r *Relay) Health() RelayHealth {
 	return h
 }
 
-// publishHealth makes the owner's state what Relay.Health returns.
+// publishHealth makes the owner's state what [Relay.Health] returns.
 func (o *bucketOwner) publishHealth() {
 	h := &RelayHealth{RelayID: o.r.cfg.RelayID, Buckets: len(o.owned), Unchecked: len(o.unchecked)}
 	for _, hd := range o.holds {

@@ -16,7 +16,7 @@ import (
 // Inspector reads the state of one schema's producer tables: what an
 // operator, a dashboard or a monitoring agent asks. It only reads; the
 // verbs on dead events are DeadEvents', and the relay's own account of its
-// work is Relay.Health. It is safe for concurrent use when its DB is (a
+// work is [Relay.Health]. It is safe for concurrent use when its DB is (a
 // pool is; a pgx.Conn or pgx.Tx is not).
 type Inspector struct {
 	db     outbox.DB
@@ -117,7 +117,7 @@ func (in *Inspector) Relays(ctx context.Context) ([]RelayInstance, error) {
 // AfterID and Limit (default 100) and Brief; a filter on another field is
 // refused with an error, not ignored. The next page starts after the last
 // event's ID (ListOpts.AfterID). Brief reads only the first 256 bytes of
-// each payload (DeadEvent.PayloadSize keeps its whole size) and of its
+// each payload ([DeadEvent.PayloadSize] keeps its whole size) and of its
 // error, and no headers: a page's memory is then bounded whatever the
 // events hold.
 func (in *Inspector) DeadEvents(ctx context.Context, opts *deadletter.ListOpts) ([]DeadEvent, error) {

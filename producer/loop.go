@@ -9,7 +9,7 @@ import (
 	"github.com/d419a114/outbox"
 )
 
-// loop is Relay.Run's state between its iterations; only Run's goroutine
+// loop is [Relay.Run]'s state between its iterations; only Run's goroutine
 // touches it. An iteration (step) rebalances the buckets when that is due,
 // looks up the holds that ended, and claims the next batch while the one in
 // flight is published; it then launches what it claimed, or backs off after

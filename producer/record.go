@@ -14,11 +14,11 @@ import (
 // Stamp is what Write adds to an Event: the identity and position that
 // travel with it on the wire.
 type Stamp struct {
-	// EventID is the event's id (Written.EventID), a UUIDv7 for events
+	// EventID is the event's id ([Written.EventID]), a UUIDv7 for events
 	// that Write stored.
 	EventID string
 	// Seq is the event's position in its aggregate's sequence
-	// (Written.Seq), from 1.
+	// ([Written.Seq]), from 1.
 	Seq int64
 	// OccurredAt is when the event was written (the events table's
 	// created_at).

@@ -134,7 +134,7 @@ type Relay struct {
 	health atomic.Pointer[RelayHealth]
 	// trace is cfg.Tracer under each interface it implements.
 	trace relayTracers
-	// failing is RelayHealth.FailingTopics; publish's goroutines write it.
+	// failing is [RelayHealth.FailingTopics]; publish's goroutines write it.
 	failing failingTopics
 	// activityPruned is when (unix seconds) a mark batch last pruned the
 	// activity table.
@@ -151,7 +151,7 @@ type Relay struct {
 //
 // A topic that does not exist is a retryable error to Kafka: its events
 // are retried with backoff until it is created (the age alert on
-// Health.OldestUndelivered fires meanwhile), and only their own
+// [Health.OldestUndelivered] fires meanwhile), and only their own
 // aggregates wait.
 func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay, error) {
 	if pool == nil {
@@ -251,7 +251,7 @@ func setDefault[T comparable](v *T, def T) {
 //
 // Run returns an error wrapping outbox.ErrNotSession, before it publishes
 // anything, when SessionConfig leads to a transaction pooler rather than
-// to a session of its own (see RelayConfig.SessionConfig).
+// to a session of its own (see [RelayConfig.SessionConfig]).
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.checkDispatch(ctx); err != nil {
 		return err

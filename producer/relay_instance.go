@@ -3,10 +3,10 @@ package producer
 import "time"
 
 // RelayInstance is one relay instance as the database sees it, as
-// Inspector.Relays lists it: its row in the relays table and the bucket
-// locks its session holds. Relay.Health is the running relay's own account.
+// [Inspector.Relays] lists it: its row in the relays table and the bucket
+// locks its session holds. [Relay.Health] is the running relay's own account.
 type RelayInstance struct {
-	// RelayID names the instance (RelayConfig.RelayID).
+	// RelayID names the instance ([RelayConfig.RelayID]).
 	RelayID string
 	// HeartbeatAt is when it last renewed its row.
 	HeartbeatAt time.Time
@@ -21,6 +21,6 @@ type RelayInstance struct {
 	Buckets []int32
 }
 
-// maxRelays bounds Inspector.Relays; 64 buckets make more than 64 working
+// maxRelays bounds [Inspector.Relays]; 64 buckets make more than 64 working
 // instances impossible.
 const maxRelays = 1000

@@ -44,7 +44,7 @@ type PruneResult struct {
 // coming days' partitions and drops whole partitions that ended before the
 // window and hold no undelivered event. It also forgets the entries of
 // retrying_events whose event is no longer owed (see the baseline migration). A
-// Relay calls it every RelayConfig.RetentionInterval; call it yourself only
+// Relay calls it every [RelayConfig.RetentionInterval]; call it yourself only
 // when running without a relay or with retention disabled there.
 func Prune(ctx context.Context, db outbox.DB, cfg *PruneConfig) (PruneResult, error) {
 	c := PruneConfig{}

@@ -11,7 +11,7 @@ import (
 	"github.com/d419a114/outbox/internal/pgsession"
 )
 
-// checkSession checks that conn, made from RelayConfig.SessionConfig, is a
+// checkSession checks that conn, made from [RelayConfig.SessionConfig], is a
 // session of its own (pgsession.Check). Through a transaction pooler the
 // relay's bucket locks would be taken in one server session and its claims
 // run in others, its locks would linger on a server session that other

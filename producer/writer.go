@@ -45,7 +45,7 @@ type WriterConfig struct {
 	// cannot fall back. Default false.
 	CDC bool
 	// Topic is the topic of events that name none, with CDC set. Ignored
-	// without CDC: a relay's RelayConfig.Topic chooses then. Default: the
+	// without CDC: a relay's [RelayConfig.Topic] chooses then. Default: the
 	// event's aggregate type.
 	Topic string
 }
@@ -56,7 +56,7 @@ type Writer struct {
 	maxPayload int
 	schema     string
 	propagator Propagator
-	// cdc and topic are WriterConfig.CDC and WriterConfig.Topic.
+	// cdc and topic are [WriterConfig.CDC] and [WriterConfig.Topic].
 	cdc   bool
 	topic string
 	// bad is why cfg cannot work (a schema name PostgreSQL would cut);
@@ -97,7 +97,7 @@ func NewWriter(cfg *WriterConfig) *Writer {
 
 var defaultWriter = NewWriter(nil)
 
-// Write inserts events with the default WriterConfig; see Writer.Write.
+// Write inserts events with the default WriterConfig; see [Writer.Write].
 func Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 	return defaultWriter.Write(ctx, tx, events...)
 }
@@ -115,7 +115,7 @@ func Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 // aggregates A and B in opposite orders can deadlock (PostgreSQL then
 // aborts one). Write all of a transaction's events in one call to avoid it.
 //
-// With WriterConfig.CDC, Write sends no wake-up and the rest of this
+// With [WriterConfig.CDC], Write sends no wake-up and the rest of this
 // paragraph does not apply. Otherwise Write also wakes a relay that is
 // idle, with a notification that is sent only if tx commits. Whether a relay is idle is looked up by Write's
 // statement, with its snapshot (under REPEATABLE READ or SERIALIZABLE, the
@@ -225,7 +225,7 @@ func (e *Event) stored(i int) (stored, error) {
 }
 
 // topicOf is what Write stores in the topic column for e: its own Topic;
-// with CDC, never empty (see WriterConfig.CDC).
+// with CDC, never empty (see [WriterConfig.CDC]).
 func (w *Writer) topicOf(e *Event) string {
 	if e.Topic != "" || !w.cdc {
 		return e.Topic
