@@ -1,19 +1,15 @@
 package integration
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -102,74 +98,23 @@ func memberProcessMain() int {
 	return 0
 }
 
-// memberProcess is a group member running in a child process of the test.
-type memberProcess struct {
-	name string
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	out  bytes.Buffer // the child's log
-	done chan struct{}
-}
-
 // startMemberProcess starts this test binary as member name of the
-// scenario's group, writing its effects into table. It is stopped with
-// SIGTERM when the test ends if it still runs.
-func (s *scenario) startMemberProcess(name, group, table string) *memberProcess {
+// scenario's group, writing its effects into table.
+func (s *scenario) startMemberProcess(name, group, table string) *childProcess {
 	s.t.Helper()
-	exe, err := os.Executable()
-	require.NoError(s.t, err)
-	p := &memberProcess{name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(exe, "-test.run=^$")
-	p.cmd.Env = append(os.Environ(),
-		memberProcessEnv+"="+name,
-		memberProcessDB+"="+s.db.Server.URL,
-		memberProcessSchema+"="+s.db.Schema,
-		memberProcessTable+"="+table,
-		memberProcessBrokers+"="+strings.Join(s.broker.Addrs, ","),
-		memberProcessTopic+"="+s.topic,
-		memberProcessGroup+"="+group)
-	if os.Getenv(memberKillProtocolEnv) == "classic" {
-		p.cmd.Env = append(p.cmd.Env, memberProcessClassic+"=1")
+	env := []string{
+		memberProcessEnv + "=" + name,
+		memberProcessDB + "=" + s.db.Server.URL,
+		memberProcessSchema + "=" + s.db.Schema,
+		memberProcessTable + "=" + table,
+		memberProcessBrokers + "=" + strings.Join(s.broker.Addrs, ","),
+		memberProcessTopic + "=" + s.topic,
+		memberProcessGroup + "=" + group,
 	}
-	stderr, err := p.cmd.StderrPipe()
-	require.NoError(s.t, err)
-	require.NoError(s.t, p.cmd.Start())
-	go func() {
-		defer close(p.done)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.out.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-		}
-		_ = p.cmd.Wait()
-	}()
-	s.t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(60 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if s.t.Failed() {
-			s.t.Logf("log of member process %s:\n%s", name, p.log())
-		}
-	})
-	return p
-}
-
-func (p *memberProcess) log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
-
-// kill ends the process with SIGKILL and waits until it is gone.
-func (p *memberProcess) kill(t *testing.T) {
-	t.Helper()
-	require.NoError(t, p.cmd.Process.Kill())
-	waitClosed(t, p.done, 30*time.Second, "member process "+p.name+" to exit")
+	if os.Getenv(memberKillProtocolEnv) == "classic" {
+		env = append(env, memberProcessClassic+"=1")
+	}
+	return s.startChild("member", name, env...)
 }
 
 // effect is one row of the member processes' effects table.
@@ -233,7 +178,7 @@ func TestMemberKilledLatency(t *testing.T) {
 	group := "group-" + s.topic
 
 	s.startRelay("a", scenarioRelayConfig(), nil)
-	members := []*memberProcess{
+	members := []*childProcess{
 		s.startMemberProcess("m1", group, table),
 		s.startMemberProcess("m2", group, table),
 		s.startMemberProcess("m3", group, table),

@@ -1,19 +1,15 @@
 package integration
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -76,68 +72,16 @@ func relayProcessMain() int {
 	return 0
 }
 
-// relayProcess is a relay running in a child process of the test.
-type relayProcess struct {
-	name string
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	out  bytes.Buffer // the child's log
-	done chan struct{}
-}
-
 // startRelayProcess starts this test binary as a relay process named name
-// on the scenario's schema and broker, with the default RelayConfig. It is
-// killed when the test ends if it still runs.
-func (s *scenario) startRelayProcess(name string) *relayProcess {
+// on the scenario's schema and broker, with the default RelayConfig.
+func (s *scenario) startRelayProcess(name string) *childProcess {
 	s.t.Helper()
-	exe, err := os.Executable()
-	require.NoError(s.t, err)
-	p := &relayProcess{name: "proc_" + s.db.Schema + "_" + name, done: make(chan struct{})}
-	p.cmd = exec.Command(exe, "-test.run=^$")
-	p.cmd.Env = append(os.Environ(),
-		relayProcessEnv+"="+p.name,
+	p := "proc_" + s.db.Schema + "_" + name
+	return s.startChild("relay", p,
+		relayProcessEnv+"="+p,
 		relayProcessDB+"="+s.db.Server.URL,
 		relayProcessSchema+"="+s.db.Schema,
 		relayProcessBrokers+"="+strings.Join(s.broker.Addrs, ","))
-	stderr, err := p.cmd.StderrPipe()
-	require.NoError(s.t, err)
-	require.NoError(s.t, p.cmd.Start())
-	go func() {
-		defer close(p.done)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.out.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-		}
-		_ = p.cmd.Wait()
-	}()
-	s.t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(60 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if s.t.Failed() {
-			s.t.Logf("log of relay process %s:\n%s", name, p.log())
-		}
-	})
-	return p
-}
-
-func (p *relayProcess) log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
-
-// kill ends the process with SIGKILL and waits until it is gone.
-func (p *relayProcess) kill(t *testing.T) {
-	t.Helper()
-	require.NoError(t, p.cmd.Process.Kill())
-	waitClosed(t, p.done, 30*time.Second, "relay process "+p.name+" to exit")
 }
 
 // buckets returns the buckets whose advisory locks the sessions of
@@ -262,7 +206,7 @@ WHERE aggregate_id = ANY($1) AND published_at > $2 GROUP BY aggregate_id`, waiti
 		leasedAtDeath, len(owned), len(waiting), stalls[len(stalls)/2].Round(time.Millisecond), stalls[len(stalls)-1].Round(time.Millisecond))
 	// The relays that took the dead one's buckets say what they wait for.
 	held := false
-	for _, p := range []*relayProcess{b, c} {
+	for _, p := range []*childProcess{b, c} {
 		for _, line := range strings.Split(p.log(), "\n") {
 			if strings.Contains(line, "level=WARN") {
 				t.Logf("relay %s: %s", p.name, line)
