@@ -224,6 +224,13 @@ stop_worker() {
 	say "stopping pid $pid (SIG$sig)"
 	kill_pid "$pid" "$sig"
 	rm -f "$pidfile"
+	# The JVM's main thread shows as a zombie before its other threads
+	# have exited and closed the listener: a restart right after a kill
+	# found the port still taken. Wait for it to be free.
+	local deadline=$((SECONDS + 30))
+	while port_in_use "$port" && ((SECONDS < deadline)); do
+		sleep 0.1
+	done
 	say "stopped"
 }
 
