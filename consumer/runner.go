@@ -263,6 +263,24 @@ func (c *Consumer) logStart(ctx context.Context) {
 		slog.Bool("share_group", c.share), slog.Any("topics", c.client.GetConsumeTopics()),
 		slog.Int("concurrency", c.cfg.Concurrency), slog.Int("batch_size", c.cfg.BatchSize),
 		slog.String("schema", c.cfg.Schema))
+	if !c.share {
+		if bs, _ := c.client.OptValue(kgo.Balancers).([]kgo.GroupBalancer); len(bs) > 0 && !serverSideBalancer(bs[0]) {
+			c.log.WarnContext(ctx, "consumer: the client's first balancer is "+bs[0].ProtocolName()+
+				", so franz-go uses the classic group protocol, where a member that dies stops the whole group until its session times out; "+
+				"list kgo.CooperativeStickyBalancer() (the default) or kgo.RangeBalancer() first to use the consumer group protocol (KIP-848)")
+		}
+	}
+}
+
+// serverSideBalancer reports whether franz-go runs the consumer group
+// protocol (KIP-848) with b as the first balancer: it does with the sticky
+// and range balancers only.
+func serverSideBalancer(b kgo.GroupBalancer) bool {
+	switch b.ProtocolName() {
+	case "cooperative-sticky", "sticky", "range":
+		return true
+	}
+	return false
 }
 
 // groupName is the client's consumer group, or its share group.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/eventually"
@@ -99,6 +100,30 @@ func TestStartUp(t *testing.T) {
 			s := logs.String()
 			return containsAll(s, `msg="consumer: started"`, "group="+b.group, `msg="consumer: partitions assigned"`, "member_id=", "map["+b.topic+":[")
 		}, "start and assignment logged at INFO with group, member and partitions", &logs)
+		require.NotContains(t, logs.String(), "classic group protocol", "the default balancer runs the consumer group protocol")
+	})
+
+	// A balancer that makes franz-go fall back to the classic protocol, in
+	// which one dead member stops the whole group, is said at start.
+	t.Run("ClassicProtocolIsWarnedOf", func(t *testing.T) {
+		t.Parallel()
+		b := newGroupBundle(t, 1)
+		var logs lockedBuffer
+		cfg := fastConfig(b.db, 1)
+		cfg.Logger = logs.logger()
+		cl := b.broker.Client(t, append(append([]kgo.Opt{
+			kgo.ConsumerGroup(b.group), kgo.ConsumeTopics(b.topic),
+		}, consumer.ClientOpts()...), kgo.Balancers(kgo.RoundRobinBalancer()))...)
+		c, err := consumer.New(b.db.Pool, cl, "svc", b.effects, cfg)
+		require.NoError(t, err)
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(rctx) }()
+		eventually.True(t, 30*time.Second, func() bool {
+			return strings.Contains(logs.String(), "first balancer is roundrobin, so franz-go uses the classic group protocol")
+		}, "a WARN naming the balancer", &logs)
+		cancel()
+		require.NoError(t, <-done)
 	})
 }
 
