@@ -79,14 +79,16 @@ func alice(*http.Request) (string, bool) { return "alice", true }
 var errTest = errors.New("test failure")
 
 // activity gives the overview something to draw and someone alive: a
-// relay that delivered 2 events a minute for the last hour, a consumer
-// that applied as many, and one live member of it.
+// relay that delivered 2 events a minute in the last 59 minutes (118), a
+// consumer that applied as many, and one live member of it. 59, not 60:
+// the oldest of 60 minutes leaves the page's last hour when a minute
+// turns between this insert and the page view.
 func (f *fixture) activity(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
 	_, err := f.db.Pool.Exec(ctx, `INSERT INTO `+f.db.Table("activity")+` (kind, name, minute, n)
 SELECT k, CASE k WHEN 'delivered' THEN 'relay-1' ELSE 'billing' END, date_trunc('minute', now()) - m * interval '1 minute', 2
-FROM unnest(ARRAY['delivered', 'applied']) AS k, generate_series(0, 59) AS m`)
+FROM unnest(ARRAY['delivered', 'applied']) AS k, generate_series(0, 58) AS m`)
 	require.NoError(t, err)
 	_, err = f.db.Pool.Exec(ctx, `INSERT INTO `+f.db.Table("consumer_members")+` (consumer, member_id, group_name, host, pid, partitions, applied)
 VALUES ('billing', 'billing-1-host-4242-a1b2c3', 'billing', 'host', 4242, 8, 120)`)
