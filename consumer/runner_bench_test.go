@@ -117,6 +117,11 @@ func (r *benchRun) handled(ms ...*consumer.Message) {
 			n++
 		}
 	}
+	r.handledN(n)
+}
+
+// handledN notes that n messages that count were handled.
+func (r *benchRun) handledN(n int64) {
 	if n == 0 {
 		return
 	}
