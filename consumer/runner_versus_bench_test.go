@@ -32,7 +32,9 @@ import (
 // records pre-produced to kfake, PostgreSQL on the same machine. The modes
 // take turns, each on a topic of its own with the same records, rounds
 // times in one run (which goes first rotating), and the benchmark reports
-// each mode's median records/s, the runner's records per transaction, and
+// each mode's median records/s, the runner's records per transaction and
+// how many times its client decoded each record (franz-go refetches what
+// it drops of a paused partition), and
 // the median, lowest and highest of the rounds' runner/loop ratios, with
 // the medians of runner/ideal (with its lowest and highest round),
 // loop/ideal, runner/preloaded and loop/preloaded. Every run checks its
@@ -55,7 +57,7 @@ func benchVersus(b *testing.B, batch, n int) {
 		rig := newRunnerRig(b, 24)
 		spread := byKey(8)
 		rates := map[string][]float64{}
-		var ratios, perTx []float64
+		var ratios, perTx, decodes []float64
 		for round := range rounds {
 			rate := map[string]float64{}
 			for turn := range modes {
@@ -68,8 +70,11 @@ func benchVersus(b *testing.B, batch, n int) {
 					case "loop":
 						rate[mode] = r.processLoop(b, batch, n)
 					case "runner":
+						r.fetched = &fetchCount{buffered: map[int32]map[int64]int{}}
 						rate[mode] = r.runner(b, consumer.Config{BatchSize: batch}, batch > 1, n)
 						perTx = append(perTx, float64(n)/float64(r.calls.Load()))
+						all, _ := r.fetched.totals()
+						decodes = append(decodes, float64(all)/float64(n))
 					case "ideal":
 						rate[mode] = r.idealLoop(b, batch, n)
 					case "preloaded":
@@ -88,6 +93,7 @@ func benchVersus(b *testing.B, batch, n int) {
 			b.ReportMetric(median(rates[m]), m+"-rec/s")
 		}
 		b.ReportMetric(median(perTx), "runner-rec/tx")
+		b.ReportMetric(median(decodes), "runner-decodes/rec")
 		b.ReportMetric(median(ratios), "runner/loop")
 		b.ReportMetric(slices.Min(ratios), "runner/loop-min")
 		b.ReportMetric(slices.Max(ratios), "runner/loop-max")
