@@ -25,13 +25,18 @@ type HotPath struct {
 	// statement; aggregates never seen are created, at 1 or, when $6 says
 	// baseline, anywhere. Each position is found by its primary key (the
 	// LATERAL ... LIMIT 1 cannot be planned as anything else) and updated
-	// by its ctid, so that the cost is the batch's, whatever the planner
-	// believes of the table: joined to the batch directly, a consumer's
-	// positions were hashed whole for each batch (every position read)
+	// by its ctid alone (a TID scan: no other condition on positions
+	// offers the planner an index), so that the cost is the batch's,
+	// whatever the planner believes of the table. Joined to the batch
+	// directly, a consumer's positions were read whole for each batch
 	// while its statistics were older than its rows, as they are for a
-	// new consumer. A position another transaction moved meanwhile has a
-	// new ctid, so it is not moved here and the batch goes one record at
-	// a time, as it did when last_seq no longer matched. It returns how many positions moved or were
+	// new consumer: 120 ms where this takes 1.5 ms, per batch of 100 at
+	// 300,000 positions (with current statistics, 1.2 ms and 1.6 ms). The
+	// ctid is the row the lookup found, in the statement's snapshot; a
+	// position another transaction moved meanwhile has a new ctid, so it
+	// is not moved here (and if it were, only with last_seq still first-1,
+	// as before) and the batch goes one record at a time, as when last_seq
+	// no longer matched. It returns how many positions moved or were
 	// created, and their parked records in all. The caller checked that
 	// each aggregate's records are first..last without a hole; it falls
 	// back to one record at a time unless the count equals the number of
@@ -69,8 +74,7 @@ SELECT coalesce(array_agg(key), '{}') FROM claim`),
 ), up AS (
     UPDATE {schema}.positions AS p SET last_seq = cur.last, updated_at = now()
     FROM cur
-    WHERE p.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND p.ctid = cur.tid
-      AND p.consumer = $1 AND p.aggregate_type = cur.t AND p.aggregate_id = cur.i AND p.last_seq = cur.first - 1
+    WHERE p.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND p.ctid = cur.tid AND p.last_seq = cur.first - 1
     RETURNING p.aggregate_type, p.aggregate_id, p.parked
 ), ins AS (
     INSERT INTO {schema}.positions (consumer, aggregate_type, aggregate_id, last_seq)
