@@ -81,17 +81,26 @@ type Config struct {
 	Concurrency int
 	// PartitionBuffer bounds the records the Consumer holds per partition,
 	// waiting or in flight or done above the partition's lowest record not
-	// done. When a partition's lane holds this many, fetching of that
-	// partition alone pauses until half of them are done; a lane can go
-	// over by one poll's records (MaxPollRecords). Default 1000.
+	// done. When a partition's lane holds this many after a poll, fetching
+	// of that partition alone pauses until half of them are done. The
+	// pause waits until the Consumer has polled the rest of the fetch
+	// franz-go holds of the partition (franz-go would drop those records
+	// and fetch and decode them again after the resume), so a lane can go
+	// over by one poll's records (MaxPollRecords) or by the rest of one
+	// fetch of its partition, whichever is more: at most
+	// kgo.FetchMaxPartitionBytes of records (1 MiB by default), which
+	// franz-go held decoded in memory anyway. Default 1000.
 	PartitionBuffer int
 	// CommitInterval is how often the Consumer commits the offsets of the
 	// records done; it also commits when partitions are revoked and when
 	// Run returns. A crash redelivers what was done since the last commit,
 	// and dedupe skips it. Default 1s.
 	CommitInterval time.Duration
-	// MaxPollRecords bounds the records one poll hands to the Consumer.
-	// Default 1000.
+	// MaxPollRecords bounds the records one poll hands to the Consumer;
+	// the poll loop blocks the group's rebalances while it hands them to
+	// their lanes. It does not bound what a lane holds (see
+	// PartitionBuffer): a partition's records left in franz-go's buffer
+	// after a poll come first in the next one. Default 1000.
 	MaxPollRecords int
 	// PruneInterval is how often the Consumer prunes expired keys. Default
 	// 1h; negative disables pruning.

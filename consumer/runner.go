@@ -22,7 +22,10 @@ import (
 // waits until the records of the poll before it are in their lanes
 // (kgo.BlockRebalanceOnPoll), so that a poll never hands the Consumer
 // records of a partition it no longer owns, or stale ones of a partition
-// that came back.
+// that came back. A hook (kgo.WithHooks) tells the Consumer which
+// partitions franz-go still holds fetched records of, so that it pauses a
+// full lane's partition without making franz-go fetch them again (see
+// Consumer).
 //
 // The group runs the consumer group protocol (KIP-848,
 // kgo.ServerSideBalancer) when the broker offers it: Kafka 4.0 and later
@@ -39,14 +42,18 @@ import (
 // until its kgo.SessionTimeout (45 s by default) has passed.
 func ClientOpts() []kgo.Opt {
 	return []kgo.Opt{kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), kgo.ServerSideBalancer(),
-		kgo.OnPartitionsAssigned(onAssigned), kgo.OnPartitionsRevoked(onRevoked), kgo.OnPartitionsLost(onLost)}
+		kgo.OnPartitionsAssigned(onAssigned), kgo.OnPartitionsRevoked(onRevoked), kgo.OnPartitionsLost(onLost),
+		kgo.WithHooks(&fetchWatch{})}
 }
 
 // Consumer runs a Processor over a franz-go consumer group. Each assigned
 // partition has a lane of its own: one poll loop feeds the lanes, and a
 // lane that is full ([Config.PartitionBuffer]) pauses the fetching of its
 // partition alone, so a slow or stuck partition never delays the records of
-// another.
+// another. A full lane first takes the rest of the fetch franz-go holds of
+// its partition (franz-go would otherwise drop it, and fetch and decode it
+// again after the resume), so it can hold up to one fetch of its partition
+// more than PartitionBuffer.
 //
 // Inside a lane, up to [Config.Concurrency] records (or batches, with
 // BatchSize above 1) are in flight at once, never two of one aggregate
@@ -114,6 +121,10 @@ type Consumer struct {
 	// makes its fetching stop once.
 	share  bool
 	paused sync.Once
+	// watch is the hook ClientOpts installs on the client, which tells
+	// the poll loop whether franz-go still holds records of a partition;
+	// nil when the client has none.
+	watch *fetchWatch
 	// running guards against two Runs.
 	running atomic.Bool
 
@@ -178,7 +189,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{proc: p, client: client, db: db, name: name, cfg: p.cfg, log: p.log, lanes: map[partition]*lane{}}, nil
+	return &Consumer{proc: p, client: client, db: db, name: name, cfg: p.cfg, log: p.log, lanes: map[partition]*lane{}, watch: watchOf(client)}, nil
 }
 
 // Processor returns the consumer's Processor, for Replay, Discard and
@@ -297,7 +308,22 @@ func (c *Consumer) groupName() string {
 // (ErrClosed). Between a poll and its AllowRebalance the group cannot
 // revoke anything, so every record polled is of a partition this member
 // owns, fetched under its current assignment.
+//
+// A lane full after a poll has its partition's fetching paused right after
+// that poll, unless franz-go still holds records of the partition, which
+// it would drop at the next poll and fetch and decode again after the
+// resume. It takes a poll's records fetch by fetch and partition by
+// partition, so only the last partition of a poll that returned
+// MaxPollRecords records can have some left, and they come first in the
+// next poll: that lane's pause waits until it has them (see pauser).
+// Every other partition of the poll has nothing left buffered, and
+// franz-go builds a broker's next fetch request only once its buffered
+// fetch is taken, so the pause keeps the partition out of later requests
+// too, except a request franz-go built as soon as the poll took its
+// broker's last buffered records: a paused partition's records in that
+// fetch are dropped and fetched again.
 func (c *Consumer) poll(ctx context.Context) error {
+	pz := c.newPauser()
 	for {
 		fetches := c.client.PollRecords(ctx, c.cfg.MaxPollRecords)
 		if fetches.IsClientClosed() {
@@ -326,8 +352,10 @@ func (c *Consumer) poll(ctx context.Context) error {
 				c.lanes[tp] = l
 			}
 			l.add(p.Records)
+			pz.fed(l, p.Records)
 		})
 		c.mu.Unlock()
+		pz.polled(fetches.NumRecords() >= c.cfg.MaxPollRecords)
 		c.client.AllowRebalance()
 		if ctx.Err() != nil {
 			return nil

@@ -72,19 +72,21 @@ func newRunnerRig(b *testing.B, conns int32) *runnerRig {
 // benchRun is one configuration's run: its topic and effect table, and the
 // times its handler saw.
 type benchRun struct {
-	rig    *runnerRig
-	topic  string
-	table  string
-	want   int64
-	count  func(*consumer.Message) bool // which messages count towards want
-	wait   func(*consumer.Message) time.Duration
-	seen   atomic.Int64
-	calls  atomic.Int64 // handler calls: transactions, retries included
-	mu     sync.Mutex
-	first  time.Time
-	last   time.Time
-	allIn  chan struct{}
-	closed sync.Once
+	rig   *runnerRig
+	topic string
+	table string
+	want  int64
+	count func(*consumer.Message) bool // which messages count towards want
+	wait  func(*consumer.Message) time.Duration
+	seen  atomic.Int64
+	calls atomic.Int64 // handler calls: transactions, retries included
+	// fetched, when set, counts what the runner's client decodes.
+	fetched *fetchCount
+	mu      sync.Mutex
+	first   time.Time
+	last    time.Time
+	allIn   chan struct{}
+	closed  sync.Once
 }
 
 // newRun makes a topic of partitions with recs (each to the partition
@@ -117,6 +119,11 @@ func (r *benchRun) handled(ms ...*consumer.Message) {
 			n++
 		}
 	}
+	r.handledN(n)
+}
+
+// handledN notes that n messages that count were handled.
+func (r *benchRun) handledN(n int64) {
 	if n == 0 {
 		return
 	}
@@ -183,10 +190,14 @@ FROM (SELECT key, aggregate, seq, lag(seq) OVER (PARTITION BY aggregate ORDER BY
 // that counts was handled, then stops it and checks the effects.
 func (r *benchRun) runner(b *testing.B, cfg consumer.Config, batchHandler bool, records int) float64 {
 	cfg.Schema, cfg.Logger = r.rig.db.Schema, quietLogger
-	cl := r.rig.broker.Client(b, append([]kgo.Opt{
+	opts := []kgo.Opt{
 		kgo.ConsumerGroup("g-" + r.topic), kgo.ConsumeTopics(r.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50 * time.Millisecond),
-	}, consumer.ClientOpts()...)...)
+	}
+	if r.fetched != nil {
+		opts = append(opts, kgo.WithHooks(r.fetched))
+	}
+	cl := r.rig.broker.Client(b, append(opts, consumer.ClientOpts()...)...)
 	var h consumer.Handler = r
 	if batchHandler {
 		h = batchRun{r}

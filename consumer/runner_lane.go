@@ -70,8 +70,9 @@ func orderKey(rec *kgo.Record) string {
 }
 
 // add queues recs (one fetch's records of the partition, in offset order)
-// and starts what may start. When the lane holds PartitionBuffer records
-// or more, the partition's fetching pauses until it is down to half.
+// and starts what may start. It does not pause the partition's fetching:
+// the poll loop does (pauseIfFull), once franz-go holds none of the
+// partition's records.
 func (l *lane) add(recs []*kgo.Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -79,11 +80,27 @@ func (l *lane) add(recs []*kgo.Record) {
 		return
 	}
 	l.q.Push(recs)
-	if !l.paused && l.q.Len() >= l.c.cfg.PartitionBuffer {
-		l.paused = true
-		l.c.client.PauseFetchPartitions(map[string][]int32{l.tp.topic: {l.tp.num}})
-	}
 	l.start()
+}
+
+// full says whether the lane holds PartitionBuffer records or more.
+func (l *lane) full() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.q.Len() >= l.c.cfg.PartitionBuffer
+}
+
+// pauseIfFull pauses the partition's fetching when the lane holds
+// PartitionBuffer records or more, until it is down to half (see finish).
+// A lane that stopped is never paused: halt has resumed it for good.
+func (l *lane) pauseIfFull() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped || l.paused || l.q.Len() < l.c.cfg.PartitionBuffer {
+		return
+	}
+	l.paused = true
+	l.c.client.PauseFetchPartitions(map[string][]int32{l.tp.topic: {l.tp.num}})
 }
 
 // start hands batches to new workers while there is room. Under mu.

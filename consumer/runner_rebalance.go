@@ -164,6 +164,9 @@ func (c *Consumer) leave(ctx context.Context, parts map[string][]int32, lost boo
 				lanes = append(lanes, l)
 				delete(c.lanes, tp)
 			}
+			if c.watch != nil {
+				c.watch.forget(tp)
+			}
 		}
 	}
 	c.mu.Unlock()

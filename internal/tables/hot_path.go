@@ -23,7 +23,20 @@ type HotPath struct {
 	// AdvanceMany moves every aggregate of a batch ($2 types, $3 ids, $4
 	// first and $5 last sequences, all arrays) from first-1 to last in one
 	// statement; aggregates never seen are created, at 1 or, when $6 says
-	// baseline, anywhere. It returns how many positions moved or were
+	// baseline, anywhere. Each position is found by its primary key (the
+	// LATERAL ... LIMIT 1 cannot be planned as anything else) and updated
+	// by its ctid alone (a TID scan: no other condition on positions
+	// offers the planner an index), so that the cost is the batch's,
+	// whatever the planner believes of the table. Joined to the batch
+	// directly, a consumer's positions were read whole for each batch
+	// while its statistics were older than its rows, as they are for a
+	// new consumer: 120 ms where this takes 1.5 ms, per batch of 100 at
+	// 300,000 positions (with current statistics, 1.2 ms and 1.6 ms). The
+	// ctid is the row the lookup found, in the statement's snapshot; a
+	// position another transaction moved meanwhile has a new ctid, so it
+	// is not moved here (and if it were, only with last_seq still first-1,
+	// as before) and the batch goes one record at a time, as when last_seq
+	// no longer matched. It returns how many positions moved or were
 	// created, and their parked records in all. The caller checked that
 	// each aggregate's records are first..last without a hole; it falls
 	// back to one record at a time unless the count equals the number of
@@ -53,10 +66,15 @@ SELECT EXISTS (SELECT 1 FROM claim), NULL::integer`),
 SELECT coalesce(array_agg(key), '{}') FROM claim`),
 		AdvanceMany: q(`WITH v AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS v (t, i, first, last)
+), cur AS (
+    SELECT v.*, x.tid FROM v CROSS JOIN LATERAL (
+        SELECT p.ctid AS tid FROM {schema}.positions AS p
+        WHERE p.consumer = $1 AND p.aggregate_type = v.t AND p.aggregate_id = v.i LIMIT 1
+    ) AS x
 ), up AS (
-    UPDATE {schema}.positions AS p SET last_seq = v.last, updated_at = now()
-    FROM v
-    WHERE p.consumer = $1 AND p.aggregate_type = v.t AND p.aggregate_id = v.i AND p.last_seq = v.first - 1
+    UPDATE {schema}.positions AS p SET last_seq = cur.last, updated_at = now()
+    FROM cur
+    WHERE p.ctid = ANY (ARRAY(SELECT tid FROM cur)) AND p.ctid = cur.tid AND p.last_seq = cur.first - 1
     RETURNING p.aggregate_type, p.aggregate_id, p.parked
 ), ins AS (
     INSERT INTO {schema}.positions (consumer, aggregate_type, aggregate_id, last_seq)
