@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,7 +53,9 @@ import (
 //	commit    handler returned -> the transaction committed (TraceRecordEnd)
 //
 // Medians of legs do not add up to the median of the whole; the means,
-// which do, are logged (-v).
+// which do, are logged (-v). claims/s is how often the relay claimed,
+// empty claims included, while the writes went on: what its polling costs
+// the database.
 //
 //	go test -run '^$' -bench EndToEnd -benchtime 1x ./consumer
 func BenchmarkEndToEnd(b *testing.B) {
@@ -68,6 +71,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 					ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 					b.ReportMetric(ms(l.p50), "p50-ms")
 					b.ReportMetric(ms(l.p99), "p99-ms")
+					b.ReportMetric(l.claimsPerSecond, "claims/s")
 					for i, leg := range legNames {
 						b.ReportMetric(ms(l.legs[i]), leg+"-ms")
 					}
@@ -112,6 +116,8 @@ type e2eClock struct {
 	// matched to their batch's publish: the relay publishes its batches in
 	// claim order, one launch per claim.
 	claims [][2]time.Time
+	// claimCount counts the relay's claims, empty ones too.
+	claimCount atomic.Int64
 	// ended counts the events whose consumer transaction committed, and
 	// all is closed when it reaches want.
 	ended, want int
@@ -171,6 +177,7 @@ func (r relayClock) TraceClaimStart(ctx context.Context) context.Context {
 }
 
 func (r relayClock) TraceClaimEnd(ctx context.Context, n int, err error) {
+	r.c.claimCount.Add(1)
 	if n == 0 || err != nil {
 		return
 	}
@@ -242,6 +249,9 @@ func (k consumerClock) TraceRecordEnd(_ context.Context, rec *kgo.Record, res co
 type e2eLatencies struct {
 	p50, p99 time.Duration
 	legs     [len(e2eStamps{}) - 1]time.Duration
+	// claimsPerSecond counts the relay's claims, empty ones too: what
+	// its polling costs the database.
+	claimsPerSecond float64
 }
 
 func endToEnd(b *testing.B, rate, perTx, batch int, dur time.Duration) e2eLatencies {
@@ -290,15 +300,17 @@ func endToEnd(b *testing.B, rate, perTx, batch int, dur time.Duration) e2eLatenc
 		<-consumerDone
 	}()
 
+	claimsBefore, measureFrom := clock.claimCount.Load(), time.Now()
 	committed := pacedwrite.RunGrouped(ctx, b, db.Pool, producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}), rate, perTx, total, clock.endedCount)
 	select {
 	case <-clock.all:
 	case <-time.After(dur + 60*time.Second):
 		b.Fatalf("committed %d of %d events in the consumer", clock.endedCount(), warmup+total)
 	}
+	var l e2eLatencies
+	l.claimsPerSecond = float64(clock.claimCount.Load()-claimsBefore) / time.Since(measureFrom).Seconds()
 	clock.mu.Lock()
 	defer clock.mu.Unlock()
-	var l e2eLatencies
 	legs := make([][]time.Duration, len(l.legs))
 	whole := make([]time.Duration, 0, len(committed))
 	for id, at := range committed {
@@ -313,7 +325,6 @@ func endToEnd(b *testing.B, rate, perTx, batch int, dur time.Duration) e2eLatenc
 		whole = append(whole, s[stampEnded].Sub(at))
 	}
 	slices.Sort(whole)
-
 	l.p50, l.p99 = whole[len(whole)/2], whole[len(whole)*99/100]
 	means := fmt.Sprintf("means (ms): whole %.3f", mean(whole))
 	for i, d := range legs {
