@@ -48,7 +48,8 @@ import (
 //	fetch     acknowledged -> the consumer's client buffered it from a fetch
 //	poll      buffered -> polled by the consumer's poll loop
 //	dispatch  polled -> the lane's worker took it (TraceRecordStart)
-//	begin     taken -> the handler runs (BEGIN, key claim, position: one round trip)
+//	begin     taken -> the handler runs (BEGIN, key claim, position: one round
+//	          trip; in batches also the batch's earlier records' handlers)
 //	handler   the handler's own statement
 //	commit    handler returned -> the transaction committed (TraceRecordEnd)
 //
