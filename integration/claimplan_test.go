@@ -38,6 +38,25 @@ func (c *claimTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Tr
 	}
 }
 
+// TraceBatchStart times the relay's claims, which go in a batch with the
+// setting of their transaction (tables.Relay.ClaimNoFlush).
+func (c *claimTimer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if batchClaims(data.Batch) {
+		return context.WithValue(ctx, claimStartKey{}, time.Now())
+	}
+	return ctx
+}
+
+func (c *claimTimer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *claimTimer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
+	if start, ok := ctx.Value(claimStartKey{}).(time.Time); ok && data.Err == nil {
+		c.mu.Lock()
+		c.times = append(c.times, time.Since(start))
+		c.mu.Unlock()
+	}
+}
+
 func (c *claimTimer) first(n int) []time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -75,6 +75,46 @@ func newPointHook(p crashPoint, skip int) *pointHook {
 
 type sqlKey struct{}
 
+// batchClaims reports whether b holds the relay's claim, which goes in a
+// batch with the setting of its transaction (tables.Relay.ClaimNoFlush).
+func batchClaims(b *pgx.Batch) bool {
+	for _, q := range b.QueuedQueries {
+		if strings.Contains(q.SQL, claimMarker) {
+			return true
+		}
+	}
+	return false
+}
+
+// claimOutcome is what a batch that holds the claim did, in the context
+// TraceBatchStart returned: set by TraceBatchQuery, read by TraceBatchEnd,
+// when the claim's transaction has committed.
+type claimOutcome struct{ leased bool }
+
+type claimOutcomeKey struct{}
+
+// withClaimOutcome returns ctx with a claimOutcome when b holds the claim.
+func withClaimOutcome(ctx context.Context, b *pgx.Batch) context.Context {
+	if batchClaims(b) {
+		return context.WithValue(ctx, claimOutcomeKey{}, &claimOutcome{})
+	}
+	return ctx
+}
+
+// noteClaim records in ctx's claimOutcome whether the claim leased rows.
+func noteClaim(ctx context.Context, data pgx.TraceBatchQueryData) {
+	if o, ok := ctx.Value(claimOutcomeKey{}).(*claimOutcome); ok && strings.Contains(data.SQL, claimMarker) {
+		o.leased = data.Err == nil && data.CommandTag.RowsAffected() > 0
+	}
+}
+
+// claimLeased reports whether the batch of ctx held a claim that leased
+// rows and committed.
+func claimLeased(ctx context.Context, data pgx.TraceBatchEndData) bool {
+	o, ok := ctx.Value(claimOutcomeKey{}).(*claimOutcome)
+	return ok && o.leased && data.Err == nil
+}
+
 // hit stops the calling goroutine at the first occurrence past skip.
 func (h *pointHook) hit() {
 	if h.skip.Add(-1) >= 0 {
@@ -97,14 +137,13 @@ func (h *pointHook) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pg
 func (h *pointHook) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
 	sql, _ := ctx.Value(sqlKey{}).(string)
 	switch {
-	case h.point == afterClaim && strings.Contains(sql, claimMarker) && data.Err == nil && data.CommandTag.RowsAffected() > 0:
-		h.hit()
 	case h.point == afterMarkCommit && sql == "commit" && data.Err == nil && h.markConn.Load() == conn:
 		h.hit()
 	}
 }
 
 func (h *pointHook) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	ctx = withClaimOutcome(ctx, data.Batch)
 	for _, q := range data.Batch.QueuedQueries {
 		if strings.Contains(q.SQL, markMarker) {
 			h.markConn.Store(conn)
@@ -120,8 +159,15 @@ func (h *pointHook) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pg
 	return ctx
 }
 
-func (h *pointHook) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (h *pointHook) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (h *pointHook) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	noteClaim(ctx, data)
+}
+
+func (h *pointHook) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
+	if h.point == afterClaim && claimLeased(ctx, data) {
+		h.hit()
+	}
+}
 
 // holdProduce stops the first produce request, past skip, at the broker
 // (a cluster of the test's own, where only relays produce): the relay has sent the records and waits for the answer. When

@@ -34,19 +34,14 @@ type settleBreaker struct {
 	broke     atomic.Bool
 }
 
-func (b *settleBreaker) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	return context.WithValue(ctx, sqlKey{}, data.SQL)
+func (b *settleBreaker) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
 }
 
-func (b *settleBreaker) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
-	sql, _ := ctx.Value(sqlKey{}).(string)
-	if strings.Contains(sql, claimMarker) && data.Err == nil && data.CommandTag.RowsAffected() > 0 && b.claims.Add(1) == 1 {
-		close(b.claimed)
-		<-b.release
-	}
-}
+func (b *settleBreaker) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (b *settleBreaker) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	ctx = withClaimOutcome(ctx, data.Batch)
 	for _, q := range data.Batch.QueuedQueries {
 		if strings.Contains(q.SQL, recordFailuresMarker) && b.broke.CompareAndSwap(false, true) {
 			b.terminate(conn.PgConn().PID())
@@ -55,8 +50,16 @@ func (b *settleBreaker) TraceBatchStart(ctx context.Context, conn *pgx.Conn, dat
 	return ctx
 }
 
-func (b *settleBreaker) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (b *settleBreaker) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (b *settleBreaker) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	noteClaim(ctx, data)
+}
+
+func (b *settleBreaker) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
+	if claimLeased(ctx, data) && b.claims.Add(1) == 1 {
+		close(b.claimed)
+		<-b.release
+	}
+}
 
 // TestScenarioFailedPublishThenFailedSettleKeepsOrder checks that seq 2 of
 // an aggregate never goes on the wire before seq 1 when recording seq 1's

@@ -374,13 +374,18 @@ func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent,
 	if len(o.holds) > 0 {
 		busy = append(slices.Clip(busy), o.heldHashes()...)
 	}
-	rows, err := o.conn.Query(ctx, o.r.sql.Claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy)
-	if err != nil {
-		o.reset(ctx)
-		return nil, err
-	}
-	batch, err := pgx.CollectRows(rows, scanClaimed)
-	if err != nil {
+	// One round trip and one implicit transaction (a pipeline with one
+	// Sync): the claim commits without waiting for the WAL flush
+	// (tables.Relay.ClaimNoFlush says why that is safe).
+	var batch []*claimedEvent
+	b := &pgx.Batch{}
+	b.Queue(o.r.sql.ClaimNoFlush)
+	b.Queue(o.r.sql.Claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy).Query(func(rows pgx.Rows) error {
+		var err error
+		batch, err = pgx.CollectRows(rows, scanClaimed)
+		return err
+	})
+	if err := o.conn.SendBatch(ctx, b).Close(); err != nil {
 		o.reset(ctx)
 		return nil, err
 	}

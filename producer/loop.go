@@ -121,13 +121,18 @@ func (l *loop) rebalanceIfDue(ctx context.Context) {
 func (l *loop) claim(ctx context.Context) (batch []*claimedEvent, took time.Duration, landed bool, err error) {
 	start := time.Now()
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.r.cfg.Lease)
-	if t := l.r.trace.claim; t != nil {
+	t := l.r.trace.claim
+	if t != nil {
 		claimCtx = t.TraceClaimStart(claimCtx)
-		defer func() { t.TraceClaimEnd(claimCtx, len(batch), err) }()
 	}
 	batch, err = l.owner.claim(claimCtx, l.inFlight.aggregates())
 	cancel()
 	took = time.Since(start)
+	// The claim ends here, before the flight lands: a tracer that times
+	// claims times the statement, not the broker's acknowledgements.
+	if t != nil {
+		t.TraceClaimEnd(claimCtx, len(batch), err)
+	}
 	landed = l.inFlight != nil
 	l.landInFlight(ctx)
 	return batch, took, landed, err

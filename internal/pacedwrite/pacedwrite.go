@@ -1,6 +1,6 @@
-// Package pacedwrite drives the latency benchmarks: it writes one event per
-// transaction at a steady rate and turns commit and arrival times into
-// percentiles.
+// Package pacedwrite drives the latency benchmarks: it writes events at a
+// steady rate, one or several per transaction, and turns commit and
+// arrival times into percentiles.
 package pacedwrite
 
 import (
@@ -26,23 +26,36 @@ import (
 // its group happen once per run, and a backlog they leave would otherwise
 // be the measured events' tail. Failures are reported to tb.
 func Run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.Writer, rate, total int, arrived func() int) map[string]time.Time {
-	write(ctx, tb, pool, w, rate, rate)
-	eventually.True(tb, 60*time.Second, func() bool { return arrived() >= rate }, "the warm-up's events to arrive")
-	return write(ctx, tb, pool, w, rate, total)
+	return RunGrouped(ctx, tb, pool, w, rate, 1, total, arrived)
 }
 
-// write writes total events through w, rate per second, and returns when
-// each one's commit returned, by event id.
-func write(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.Writer, rate, total int) map[string]time.Time {
+// RunGrouped is Run with perTx events written in each transaction: rate
+// events per second in rate/perTx transactions per second, so that rates
+// above what one commit per event allows on a small machine can be
+// reached. Every event of a transaction has that transaction's commit
+// time.
+func RunGrouped(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.Writer, rate, perTx, total int, arrived func() int) map[string]time.Time {
+	write(ctx, tb, pool, w, rate, perTx, rate)
+	eventually.True(tb, 60*time.Second, func() bool { return arrived() >= rate }, "the warm-up's events to arrive")
+	return write(ctx, tb, pool, w, rate, perTx, total)
+}
+
+// write writes total events through w, rate per second, perTx per
+// transaction, and returns when each one's commit returned, by event id.
+func write(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.Writer, rate, perTx, total int) map[string]time.Time {
 	var (
 		mu        sync.Mutex
 		committed = make(map[string]time.Time, total)
 		wg        sync.WaitGroup
 	)
-	tick := time.NewTicker(time.Second / time.Duration(rate))
+	tick := time.NewTicker(time.Second * time.Duration(perTx) / time.Duration(rate))
 	defer tick.Stop()
-	for i := range total {
+	for first := 0; first < total; first += perTx {
 		<-tick.C
+		events := make([]producer.Event, 0, perTx)
+		for i := first; i < min(first+perTx, total); i++ {
+			events = append(events, producer.Event{AggregateType: "account", AggregateID: strconv.Itoa(i % 500), EventType: "e", Payload: []byte("x")})
+		}
 		wg.Go(func() {
 			tx, err := pool.Begin(ctx)
 			if err != nil {
@@ -50,7 +63,7 @@ func write(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.W
 				return
 			}
 			defer func() { _ = tx.Rollback(ctx) }()
-			written, err := w.Write(ctx, tx, producer.Event{AggregateType: "account", AggregateID: strconv.Itoa(i % 500), EventType: "e", Payload: []byte("x")})
+			written, err := w.Write(ctx, tx, events...)
 			if err != nil {
 				tb.Error(err)
 				return
@@ -61,7 +74,9 @@ func write(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, w *producer.W
 			}
 			at := time.Now()
 			mu.Lock()
-			committed[written[0].EventID] = at
+			for _, e := range written {
+				committed[e.EventID] = at
+			}
 			mu.Unlock()
 		})
 	}

@@ -75,6 +75,10 @@ type Relay struct {
 	// that the claim's cost does not depend on the table's statistics; see
 	// claimSession.
 	ClaimSession string
+	// ClaimNoFlush turns synchronous commit off for the transaction it
+	// runs in; the relay sends it in one implicit transaction with Claim.
+	// See claimNoFlush for why that is safe.
+	ClaimNoFlush string
 }
 
 func relay(q func(string) string, schema string) Relay {
@@ -96,6 +100,7 @@ func relay(q func(string) string, schema string) Relay {
 		UnlockBuckets:    `SELECT pg_advisory_unlock($1, b) FROM unnest($2::int[]) AS b`,
 		Listen:           "LISTEN " + WakeChannel(schema),
 		ClaimSession:     claimSession,
+		ClaimNoFlush:     claimNoFlush,
 	}
 }
 
@@ -258,6 +263,46 @@ RETURNING ` + claimedColumns + `, e.leased_until`
 // statements of the session (heartbeat, bucket locks, leasedAggregates)
 // need no sort.
 const claimSession = `SELECT set_config('enable_sort', 'off', false), set_config('jit', 'off', false)`
+
+// claimNoFlush runs in the claim's transaction, before Claim, so that its
+// commit does not wait for the WAL to reach the disk: that flush was on
+// the path of every event, between the writer's commit and the produce.
+// The setting is transaction-local (set_config's third argument) and
+// reaches nothing but the claim; the events, their marks (delivered,
+// failed, dead), the lease renewals and everything the consumer writes
+// stay synchronous. It is safe because of what an unflushed commit can and
+// cannot lose:
+//
+//  1. Only a crash of the server (or its host) loses it. Visibility is
+//     unchanged: the lease is visible to every session the moment the
+//     claim commits, exactly as before, so while the server runs no other
+//     relay can claim the rows.
+//  2. The WAL is flushed in order, so any later synchronous commit makes
+//     the claim durable with it; in particular the batch's marks, which
+//     commit synchronously after the broker acknowledged it. A crash can
+//     lose the lease only of a batch whose marks were not durable yet, so
+//     those events are undelivered after it in any case and are published
+//     again: a duplicate, which at-least-once allows, exactly as when a
+//     relay dies after publishing and before marking.
+//  3. Losing a lease puts its rows back to how they were before the claim:
+//     undelivered and not leased (a claim takes only rows whose lease was
+//     cleared, by a synchronous settle, or ended, or that had none; a
+//     renewal is synchronous and so flushes the claim). That is the state
+//     a lease reaches anyway when it lapses while its relay still waits for
+//     the broker, which the claim already handles: the next claim starts
+//     again from the aggregate's lowest undelivered row, so it never puts
+//     seq n+1 on the wire before putting seq n there itself, whatever the
+//     old relay's records do; an old relay's late failure record does not
+//     touch rows whose lease it no longer matches (recordFailures), and a
+//     late mark of an acknowledged event is right whoever claimed it last.
+//  4. A server crash ends every session, and with them every relay's
+//     bucket locks and holds: all relays start again from the state on
+//     disk, as after a restart.
+//
+// So a claim lost in a crash is a claim that never happened while its
+// relay went on publishing: the same as a relay that died before claiming
+// as far as the table can tell, and a duplicate on the wire at worst.
+const claimNoFlush = `SELECT set_config('synchronous_commit', 'off', true)`
 
 // heartbeat renews this instance's row, with the pid of the lock
 // session it runs on (which it also returns, for the relay to see that it
