@@ -310,6 +310,25 @@ func TestWakeOneNotifierPerSlot(t *testing.T) {
 		require.Equal(t, 1, received(), "the next write wakes the relay, for both events")
 	})
 
+	t.Run("SeveralEventsNotifyOnce", func(t *testing.T) {
+		t.Parallel()
+		w, db, received := setup(t)
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		events := []Event{
+			{AggregateType: "order", AggregateID: "o-1", EventType: "order.created"},
+			{AggregateType: "order", AggregateID: "o-2", EventType: "order.created"},
+			{AggregateType: "order", AggregateID: "o-1", EventType: "order.paid"},
+		}
+		written, wake, err := w.writeMany(ctx, tx, events, true)
+		require.NoError(t, err)
+		require.Len(t, written, 3)
+		require.Equal(t, tables.WakeNotified, wake.did)
+		require.NoError(t, tx.Commit(ctx))
+		require.Equal(t, 1, received(), "one statement, one notification")
+	})
+
 	t.Run("SixteenWritersInFlight", func(t *testing.T) {
 		t.Parallel()
 		w, db, received := setup(t)
