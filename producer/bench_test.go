@@ -26,26 +26,38 @@ import (
 // transaction plus one Write (event row, sequence upsert, wake-up), at 1 and
 // 16 connections. The modes take turns, a second each, for five rounds, so
 // that a noisy neighbour hits all alike; each reports its commits/s as a
-// ratio to the bare transaction's. The wake-up variants: no relay
-// registered (nobody to notify; writes ask now and then whether a relay is
-// idle); a relay that says it is idle (every commit notifies); a busy relay
-// (no commit notifies); a real relay publishing to kfake meanwhile, going
-// idle and being woken as it catches up.
+// ratio to the bare transaction's, measured in the same run. The modes:
 //
-//	go test -run '^$' -bench Write -benchtime 1x ./producer
+//   - write: no relay (nobody to notify; writes ask now and then whether a
+//     relay is idle);
+//
+//   - write+relay: a real relay publishing to kfake on the same machine,
+//     idle when each of its turns starts (the turn waits for its flag), so
+//     that every turn begins by waking it; this is the realistic case;
+//
+//   - write+idle-flag: a relay row that says idle and never stops saying so,
+//     with no relay behind it: every write finds a relay idle, and one per
+//     wake slot notifies; the worst case of the wake-up;
+//
+//   - write+busy-flag: a relay row that says busy (writes ask, nobody is
+//     notified).
+//
+//     go test -run '^$' -bench 'BenchmarkWrite$' -benchtime 1x ./producer
 func BenchmarkWrite(b *testing.B) {
-	modes := []string{"bare", "write", "write+idle-relay", "write+busy-relay", "write+running-relay"}
+	modes := []string{"bare", "write", "write+relay", "write+idle-flag", "write+busy-flag"}
 	for _, conns := range []int{1, 16} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
 			ctx := context.Background()
 			txns := map[string]func() error{}
+			before := map[string]func(){}
 			for _, mode := range modes {
-				txns[mode] = writeBenchTxn(b, mode, conns)
+				txns[mode], before[mode] = writeBenchTxn(b, mode, conns)
 			}
 			commits := map[string]float64{}
 			for range b.N {
 				for range 5 {
 					for _, mode := range modes {
+						before[mode]()
 						commits[mode] += runFor(ctx, b, time.Second, conns, txns[mode])
 					}
 				}
@@ -58,18 +70,20 @@ func BenchmarkWrite(b *testing.B) {
 	}
 }
 
-// writeBenchTxn sets up a schema for one mode and returns its transaction.
-func writeBenchTxn(b *testing.B, mode string, conns int) func() error {
+// writeBenchTxn sets up a schema for one mode and returns its transaction
+// and what to do before each of its turns.
+func writeBenchTxn(b *testing.B, mode string, conns int) (txn func() error, before func()) {
 	ctx := context.Background()
 	db := pgtest.New(b, &pgtest.Opts{MaxConns: int32(conns) + 4})
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("orders")+` (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, cents bigint NOT NULL)`)
 	require.NoError(b, err)
+	before = func() {}
 	switch mode {
-	case "write+idle-relay":
+	case "write+idle-flag":
 		_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('bench', now() + interval '1 hour')`)
-	case "write+busy-relay":
+	case "write+busy-flag":
 		_, err = db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('bench', NULL)`)
-	case "write+running-relay":
+	case "write+relay":
 		broker := kafkatest.New(b)
 		topic := broker.Topic(b, 8)
 		relay, rerr := producer.NewRelay(db.Pool, broker.Client(b), &producer.RelayConfig{Schema: db.Schema, Topic: topic, Logger: slog.New(slog.DiscardHandler)})
@@ -78,6 +92,19 @@ func writeBenchTxn(b *testing.B, mode string, conns int) func() error {
 		done := make(chan error, 1)
 		go func() { done <- relay.Run(runCtx) }()
 		b.Cleanup(func() { stop(); <-done })
+		// Each turn starts with the relay caught up and idle.
+		before = func() {
+			deadline := time.Now().Add(time.Minute)
+			for {
+				var idle bool
+				require.NoError(b, db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+db.Table("relays")+` WHERE idle_until > now())`).Scan(&idle))
+				if idle && drained(b, db) {
+					return
+				}
+				require.True(b, time.Now().Before(deadline), "the relay did not go idle within a minute")
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
 	}
 	require.NoError(b, err)
 	w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
@@ -100,7 +127,7 @@ func writeBenchTxn(b *testing.B, mode string, conns int) func() error {
 			}
 		}
 		return tx.Commit(ctx)
-	}
+	}, before
 }
 
 // runFor runs txn from conns goroutines for d and returns commits/s.

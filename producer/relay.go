@@ -321,7 +321,7 @@ const idleSettle = 2 * wakeQuietFor
 // to notify, and a relay that went idle after every few events would
 // update its flag twice per flip, each a commit of its own, with every
 // writer's commit sending a NOTIFY in between, which costs the writers
-// throughput (BenchmarkWrite, write+running-relay; docs/performance.md).
+// throughput (BenchmarkWrite, write+relay; docs/performance.md).
 // Lingering costs an empty
 // claim every busyPoll (or as long as the last claim took, if longer) for
 // busyLinger after traffic stops, and up to busyPoll of latency for the

@@ -2,6 +2,8 @@ package producer
 
 import (
 	"context"
+	"strconv"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -207,5 +209,176 @@ func TestWakeAnswersThatAreNotFresh(t *testing.T) {
 		require.Equal(t, "marker", next(), "the waiting write's snapshot saw no relay idle")
 		commitWrite(t, w, db)
 		require.Equal(t, "", next(), "a write after the relay went idle wakes it")
+	})
+}
+
+// wakeSlotSQL is the wake slot of the server's clock, as wakeColumns
+// computes it for a statement.
+const wakeSlotSQL = `((extract(epoch FROM clock_timestamp()) * 1000)::bigint / $1 % 2147483647)::int`
+
+// TestWakeOneNotifierPerSlot checks that while a relay is idle, the writes
+// of one wake slot send one notification between them, not one each, and
+// that the writes that skip leave their events to a later notification.
+func TestWakeOneNotifierPerSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// setup returns a writer on a schema whose relay says it is idle, and
+	// a count of the notifications its channel received, taken after a
+	// marker.
+	setup := func(t *testing.T) (*Writer, *pgtest.DB, func() int) {
+		t.Helper()
+		db := pgtest.New(t, &pgtest.Opts{MaxConns: 24})
+		_, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('r1', now() + interval '1 hour')`)
+		require.NoError(t, err)
+		listener, err := pgx.Connect(ctx, db.Server.URL)
+		require.NoError(t, err)
+		t.Cleanup(func() { listener.Close(ctx) })
+		channel := tables.WakeChannel(db.Schema)
+		_, err = listener.Exec(ctx, "LISTEN "+channel)
+		require.NoError(t, err)
+		received := func() int {
+			t.Helper()
+			_, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, channel)
+			require.NoError(t, err)
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			n := 0
+			for {
+				note, err := listener.WaitForNotification(wctx)
+				require.NoError(t, err)
+				if note.Payload == "marker" {
+					return n
+				}
+				n++
+			}
+		}
+		return NewWriter(&WriterConfig{Schema: db.Schema}), db, received
+	}
+	write := func(t *testing.T, w *Writer, tx pgx.Tx, agg string) wakeAnswer {
+		t.Helper()
+		_, wake, err := w.writeOne(ctx, tx, &Event{AggregateType: "order", AggregateID: agg, EventType: "order.created"}, true)
+		require.NoError(t, err)
+		return wake
+	}
+	slotNow := func(t *testing.T, db *pgtest.DB) int32 {
+		t.Helper()
+		var slot int32
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT `+wakeSlotSQL, tables.WakeSlotMillis).Scan(&slot))
+		return slot
+	}
+
+	t.Run("SkipsWhileAnotherWriteHoldsTheSlot", func(t *testing.T) {
+		t.Parallel()
+		w, db, received := setup(t)
+		// holder stands for a write that notifies and has not committed:
+		// it holds the wake locks of the next second's slots. The check
+		// after the write makes sure the write ran inside them, and tries
+		// again if the machine stalled for longer.
+		const slots = 200
+		// try reports false if the write ran after the held slots.
+		try := func() bool {
+			holder, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer holder.Rollback(ctx)
+			var first int32
+			require.NoError(t, holder.QueryRow(ctx, `SELECT min(s) FROM (SELECT s, pg_advisory_xact_lock($2, s)
+			    FROM generate_series(`+wakeSlotSQL+`, `+wakeSlotSQL+` + $3 - 1) AS s) AS locked`,
+				tables.WakeSlotMillis, tables.WakeLockKey(db.Schema), slots).Scan(&first))
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			wake := write(t, w, tx, "o-1")
+			if slotNow(t, db) >= first+slots {
+				return false
+			}
+			require.Equal(t, tables.WakeOtherNotifies, wake.did, "another write holds the slot: this one skips")
+			require.True(t, wakeRegistry.forTx(tx, db.Schema).due(), "a write that skipped quiets nothing: the notifying write may roll back")
+			require.NoError(t, tx.Commit(ctx))
+			require.Equal(t, 0, received(), "the write that skipped sent nothing")
+			// The deferred rollback: the notifying write rolls back, and
+			// the next write notifies.
+			return true
+		}
+		for attempt := 0; !try(); attempt++ {
+			require.Less(t, attempt, 5, "no write ran within a second of taking the slots' locks")
+		}
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		require.Equal(t, tables.WakeNotified, write(t, w, tx, "o-2").did)
+		require.NoError(t, tx.Commit(ctx))
+		require.Equal(t, 1, received(), "the next write wakes the relay, for both events")
+	})
+
+	t.Run("SeveralEventsNotifyOnce", func(t *testing.T) {
+		t.Parallel()
+		w, db, received := setup(t)
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		events := []Event{
+			{AggregateType: "order", AggregateID: "o-1", EventType: "order.created"},
+			{AggregateType: "order", AggregateID: "o-2", EventType: "order.created"},
+			{AggregateType: "order", AggregateID: "o-1", EventType: "order.paid"},
+		}
+		written, wake, err := w.writeMany(ctx, tx, events, true)
+		require.NoError(t, err)
+		require.Len(t, written, 3)
+		require.Equal(t, tables.WakeNotified, wake.did)
+		require.NoError(t, tx.Commit(ctx))
+		require.Equal(t, 1, received(), "one statement, one notification")
+	})
+
+	t.Run("SixteenWritersInFlight", func(t *testing.T) {
+		t.Parallel()
+		w, db, received := setup(t)
+		// Sixteen transactions write at once and commit only when all have
+		// written. Without the slots each would notify; with them, one
+		// per slot the writes spanned does. Writes spread over sixteen
+		// slots or more prove nothing, and are tried again.
+		const writers = 16
+		// try reports false if the writes spread over sixteen slots.
+		try := func() bool {
+			first := slotNow(t, db)
+			txs := make([]pgx.Tx, writers)
+			answers := make([]wakeAnswer, writers)
+			errs := make([]error, writers)
+			for i := range writers {
+				tx, err := db.Pool.Begin(ctx)
+				require.NoError(t, err)
+				defer tx.Rollback(ctx)
+				txs[i] = tx
+			}
+			var wg sync.WaitGroup
+			for i := range writers {
+				wg.Go(func() {
+					_, answers[i], errs[i] = w.writeOne(ctx, txs[i], &Event{AggregateType: "order", AggregateID: strconv.Itoa(i), EventType: "order.created"}, true)
+				})
+			}
+			wg.Wait()
+			spanned := int(slotNow(t, db)-first) + 1
+			notified := 0
+			for i, a := range answers {
+				require.NoError(t, errs[i])
+				require.Contains(t, []int{tables.WakeNotified, tables.WakeOtherNotifies}, a.did, "write %d", i)
+				if a.did == tables.WakeNotified {
+					notified++
+				}
+			}
+			for _, tx := range txs {
+				require.NoError(t, tx.Commit(ctx))
+			}
+			require.Equal(t, notified, received(), "each write that said it notified did, and no other")
+			if spanned >= writers {
+				return false
+			}
+			require.GreaterOrEqual(t, notified, 1, "a relay is idle: some write wakes it")
+			require.LessOrEqual(t, notified, spanned, "at most one notifying write per wake slot")
+			t.Logf("%d writes over %d wake slots sent %d notifications", writers, spanned, notified)
+			return true
+		}
+		for attempt := 0; !try(); attempt++ {
+			require.Less(t, attempt, 5, "sixteen writes never fitted in fewer than sixteen wake slots")
+		}
 	})
 }

@@ -117,14 +117,17 @@ func Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 //
 // With [WriterConfig.CDC], Write sends no wake-up and the rest of this
 // paragraph does not apply. Otherwise Write also wakes a relay that is
-// idle, with a notification that is sent only if tx commits. Whether a relay is idle is looked up by Write's
-// statement, with its snapshot (under REPEATABLE READ or SERIALIZABLE, the
-// transaction's), not at commit; and for a few milliseconds after a write
-// of this process found no relay idle, writes to the same database and
-// schema do not ask. A relay that went idle meanwhile looks for work once
-// more shortly after, so for the lowest latency keep the rest of the
-// transaction short after Write. A missed wake-up delays the events by at
-// most the relay's PollInterval; it never loses them.
+// idle, with a notification that is sent only if tx commits. Whether a
+// relay is idle is looked up by Write's statement, with its snapshot (under
+// REPEATABLE READ or SERIALIZABLE, the transaction's), not at commit; and
+// for a few milliseconds after a write of this process found no relay idle,
+// writes to the same database and schema do not ask. A relay that went idle
+// meanwhile looks for work once more shortly after. While a relay is idle,
+// of the writes that run at once only one per 5 ms notifies; the others
+// rely on its commit, and after a rollback on the first notifying write of
+// a later slot. So for the lowest latency keep the rest of the transaction
+// short after Write. A missed wake-up delays the events by at most the
+// relay's PollInterval; it never loses them.
 //
 // Invalid input (see ValidationError; the aggregate type, aggregate id and
 // idempotency key are bounded by outbox.MaxAggregateTypeBytes and the
@@ -167,7 +170,7 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 	if err != nil {
 		return nil, err
 	}
-	if check && !wake.woke && wake.fresh {
+	if check && wake.did == tables.WakeNoneIdle && wake.fresh {
 		gate.quiet(sent)
 	}
 	return out, nil
@@ -194,9 +197,15 @@ func (w *Writer) withTraceContext(ctx context.Context, events []Event) []Event {
 	return out
 }
 
-// wakeAnswer is what the wake-up columns said: whether the write notified
-// an idle relay, and whether its snapshot was the statement's own.
-type wakeAnswer struct{ woke, fresh bool }
+// wakeAnswer is what the wake-up columns said: what the write did about an
+// idle relay (tables.WakeNoneIdle, WakeOtherNotifies or WakeNotified), and
+// whether its snapshot was the statement's own. Only a fresh WakeNoneIdle
+// quiets the gate: after WakeOtherNotifies a relay is idle, and the write
+// that notifies it may yet roll back.
+type wakeAnswer struct {
+	did   int
+	fresh bool
+}
 
 // stored is what Write stores for an event beyond its fields as given: a
 // new event id, the idempotency key (the id unless set), the payload (never
@@ -253,7 +262,7 @@ func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) 
 	wr := Written{EventID: s.id}
 	var wake wakeAnswer
 	if check {
-		err = tx.QueryRow(ctx, w.sql.InsertOneWake, args...).Scan(&wr.ID, &wr.Seq, &wake.woke, &wake.fresh)
+		err = tx.QueryRow(ctx, w.sql.InsertOneWake, args...).Scan(&wr.ID, &wr.Seq, &wake.did, &wake.fresh)
 	} else {
 		err = tx.QueryRow(ctx, w.sql.InsertOne, args...).Scan(&wr.ID, &wr.Seq)
 	}
@@ -307,7 +316,7 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 	)
 	dest := []any{&wr.ID, &wr.EventID, &wr.Seq}
 	if check {
-		dest = append(dest, &wake.woke, &wake.fresh)
+		dest = append(dest, &wake.did, &wake.fresh)
 	}
 	for rows.Next() {
 		if err := rows.Scan(dest...); err != nil {

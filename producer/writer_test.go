@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/d419a114/outbox"
+	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
 )
@@ -459,4 +460,42 @@ func incompressible(n int) string {
 	b := make([]byte, (n+1)/2)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)[:n]
+}
+
+// TestWriteBurstWakesAnIdleRelay checks that a burst of concurrent writes
+// wakes an idle relay for all of its events, though only one write per wake
+// slot notifies: with an hour-long poll, an event that a skipped write left
+// to a notification that never came would stay undelivered.
+func TestWriteBurstWakesAnIdleRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBundleOn(t, kafkatest.New(t), 4, &pgtest.Opts{MaxConns: 24})
+	b.startRelay(t, &producer.RelayConfig{PollInterval: time.Hour, RebalanceInterval: time.Hour})
+	idle := func() bool {
+		var idle bool
+		_ = b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+b.db.Table("relays")+` WHERE idle_until > now())`).Scan(&idle)
+		return idle
+	}
+	for burst := range 3 {
+		waitFor(t, 30*time.Second, "relay idle", idle)
+		errs := make(chan error, 16)
+		for w := range 16 {
+			go func() {
+				for i := range 10 {
+					if err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+						_, err := b.writer.Write(ctx, tx, b.event(fmt.Sprintf("b%d-w%d-%d", burst, w, i%3)))
+						return err
+					}); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range 16 {
+			require.NoError(t, <-errs)
+		}
+		b.waitDelivered(t, 20*time.Second)
+	}
 }

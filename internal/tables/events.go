@@ -3,6 +3,8 @@ package tables
 import (
 	"crypto/md5" //nolint:gosec // names a channel, guards nothing; relays of every version must agree on it
 	"encoding/hex"
+	"hash/fnv"
+	"strconv"
 )
 
 // Writer are the statements of producer.Writer on events and sequences:
@@ -15,7 +17,8 @@ type Writer struct {
 	// sequence.
 	InsertOne string
 	// InsertOneWake is InsertOne that also wakes an idle relay and says
-	// whether it did and whether the answer is fresh.
+	// what it did (WakeNoneIdle, WakeOtherNotifies, WakeNotified) and
+	// whether the answer is fresh.
 	InsertOneWake string
 	// InsertMany writes the events of arrays $1 to $9 (InsertOne's
 	// parameters, one element per event) and returns each one's id, event
@@ -83,22 +86,58 @@ FROM bumped
 RETURNING id, aggregate_seq{wake}`
 
 // wakeColumns are the last columns of a write's RETURNING when the write
-// asks whether a relay is idle: the first notifies the relays' channel if
-// one is, and says whether it did; the second says whether the answer is
-// fresh, which it is only under READ COMMITTED (otherwise the statement
-// reads the relays with the snapshot its transaction began with). The
-// subquery is uncorrelated, so it runs once per statement however many
-// rows the statement inserts. NOTIFY is transactional: the relays hear of
-// it only if the writer commits.
+// asks whether a relay is idle. The first is what the write did about it:
+// WakeNoneIdle, WakeOtherNotifies or WakeNotified. The second says whether
+// that answer is fresh, which it is only under READ COMMITTED (otherwise
+// the statement reads the relays with the snapshot its transaction began
+// with). The subquery is uncorrelated, so it runs once per statement however
+// many rows the statement inserts, and its branches run only when reached.
+// NOTIFY is transactional: the relays hear of it only if the writer commits.
 //
 // NOTIFY is not sent from every write because a notifying transaction takes
 // a database-wide lock at commit and holds it across the WAL flush, so
-// notifying writers commit one at a time (at 16 connections that cost over
-// half the commits). An idle relay has little to contend with; a busy one
-// claims again straight after each batch and needs no signal.
-const wakeColumns = `, (SELECT count(pg_notify('{channel}', ''))
-    FROM (SELECT FROM {schema}.relays WHERE idle_until > now() LIMIT 1) AS idle) > 0,
+// notifying writers commit one at a time (at 16 connections, with a relay
+// idle, that cost three quarters of the commits). An idle relay has little
+// to contend with; a busy one claims again straight after each batch and
+// needs no signal. And while a relay is idle, only one write per wake slot
+// (WakeSlotMillis of the statement's start time) notifies: the one that
+// takes the slot's transaction-scoped advisory lock (key WakeLockKey, slot
+// number); the writes that find it taken skip, and commit without the
+// notification lock. The relay woken by the first claims what the others
+// committed by then and keeps claiming while it finds work. If the
+// notifying write rolls back, or its transaction runs on long after the
+// write, the writes it covered wait for the first notifying write of a
+// later slot to commit, or at worst for the relay's poll.
+const wakeColumns = `, (SELECT CASE
+        WHEN NOT EXISTS (SELECT FROM {schema}.relays WHERE idle_until > now()) THEN {none}
+        WHEN NOT pg_try_advisory_xact_lock({wake_key}, ((extract(epoch FROM statement_timestamp()) * 1000)::bigint / {slot_ms} % 2147483647)::int) THEN {other}
+        ELSE (SELECT {notified} FROM pg_notify('{channel}', ''))
+    END),
     current_setting('transaction_isolation') = 'read committed'`
+
+// What a write's wake-up column says (wakeColumns).
+const (
+	// WakeNoneIdle: no relay was idle; nothing was sent.
+	WakeNoneIdle = 0
+	// WakeOtherNotifies: a relay was idle, and another write of the same
+	// wake slot notifies it when it commits; nothing was sent.
+	WakeOtherNotifies = 1
+	// WakeNotified: a relay was idle and the write notifies it when it
+	// commits.
+	WakeNotified = 2
+)
+
+// WakeSlotMillis is the length of a wake slot, in milliseconds: while a
+// relay is idle, one write per slot notifies it (wakeColumns).
+const WakeSlotMillis = 5
+
+// WakeLockKey is the first key of the advisory locks by which writers of
+// schema take turns to notify (wakeColumns); the second is the wake slot.
+func WakeLockKey(schema string) int32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte("outbox.wake:" + schema))
+	return int32(h.Sum32()) //nolint:gosec // the hash's bits as an advisory lock key; wrapping is the point
+}
 
 // WakeChannel is the LISTEN/NOTIFY channel of a schema's relays: a hash of
 // the schema, so that several outbox schemas in one database wake only their
@@ -111,7 +150,9 @@ func WakeChannel(schema string) string {
 }
 
 func writer(schema string) Writer {
-	wake := Fill(wakeColumns, schema, "{channel}", WakeChannel(schema))
+	wake := Fill(wakeColumns, schema, "{channel}", WakeChannel(schema),
+		"{wake_key}", strconv.Itoa(int(WakeLockKey(schema))), "{slot_ms}", strconv.Itoa(WakeSlotMillis),
+		"{none}", strconv.Itoa(WakeNoneIdle), "{other}", strconv.Itoa(WakeOtherNotifies), "{notified}", strconv.Itoa(WakeNotified))
 	build := func(sql, wakeColumns string) string { return Fill(sql, schema, "{wake}", wakeColumns) }
 	return Writer{
 		InsertOne:      build(insertEvent, ""),
