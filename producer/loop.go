@@ -26,6 +26,9 @@ type loop struct {
 	idle bool
 	// lastWork is when the last batch was claimed.
 	lastWork time.Time
+	// emptyPolls counts the empty claims since then, which space the
+	// lingering looks out (see busyPoll).
+	emptyPolls int
 	// settling counts the extra looks left after going idle.
 	settling int
 	// nextRebalance is when the buckets are rebalanced next.
@@ -63,6 +66,7 @@ func (l *loop) step(ctx context.Context) {
 	case len(batch) > 0:
 		l.failures = 0
 		l.lastWork = time.Now()
+		l.emptyPolls = 0
 		l.inFlight = l.r.launch(ctx, batch)
 		if l.idle {
 			// Found work: writers may stop notifying, since the relay
@@ -154,7 +158,9 @@ func (l *loop) afterEmpty(ctx context.Context, claimTook time.Duration) {
 		// took long (many failed events to look up) spaces the next one
 		// out as much, so that lingering never keeps the database busier
 		// than half the time.
-		l.r.sleep(ctx, l.wake, max(busyPoll, claimTook))
+		poll := min(firstBusyPoll<<min(l.emptyPolls/2, 3), busyPoll)
+		l.emptyPolls++
+		l.r.sleep(ctx, l.wake, max(poll, claimTook))
 		return
 	}
 	if !l.idle {

@@ -317,18 +317,22 @@ func (r *Relay) checkDispatch(ctx context.Context) error {
 const idleSettle = 2 * wakeQuietFor
 
 // busyLinger is how long after its last batch a relay keeps looking for
-// work every busyPoll before it calls itself idle. Going idle asks writers
-// to notify, and a relay that went idle after every few events would
-// update its flag twice per flip, each a commit of its own, with every
-// writer's commit sending a NOTIFY in between, which costs the writers
-// throughput (BenchmarkWrite, write+relay; docs/performance.md).
-// Lingering costs an empty
-// claim every busyPoll (or as long as the last claim took, if longer) for
-// busyLinger after traffic stops, and up to busyPoll of latency for the
-// events that arrive meanwhile.
+// work before it calls itself idle. Going idle asks writers to notify, and
+// a relay that went idle after every few events would update its flag
+// twice per flip, each a commit of its own, with writers notifying in
+// between, which costs the writers throughput (BenchmarkWrite, write+relay;
+// docs/performance.md). While it lingers, writers do not notify, so the
+// wait between its looks is the latency of the events that arrive: it
+// looks again firstBusyPoll after an empty claim, twice, then after twice
+// as long every second time, up to busyPoll (1, 1, 2, 2, 4, 4, 5, 5 ms...;
+// or as long as the last claim took, if longer). A steady flow of events
+// meets a relay that has just looked (BenchmarkEndToEnd at 300 events/s),
+// while lingering after traffic stops costs about 23 empty claims in
+// busyLinger, against 20 at a steady busyPoll.
 const (
-	busyLinger = 100 * time.Millisecond
-	busyPoll   = 5 * time.Millisecond
+	busyLinger    = 100 * time.Millisecond
+	firstBusyPoll = time.Millisecond
+	busyPoll      = 5 * time.Millisecond
 )
 
 // prune runs Prune every RetentionInterval until ctx ends, apart from the
