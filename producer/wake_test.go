@@ -102,12 +102,7 @@ func TestWakeAnswersThatAreNotFresh(t *testing.T) {
 	setup := func(t *testing.T) (*Writer, *pgtest.DB, func() string) {
 		t.Helper()
 		db := pgtest.New(t, nil)
-		listener, err := pgx.Connect(ctx, db.Server.URL)
-		require.NoError(t, err)
-		t.Cleanup(func() { listener.Close(ctx) })
-		channel := tables.WakeChannel(db.Schema)
-		_, err = listener.Exec(ctx, "LISTEN "+channel)
-		require.NoError(t, err)
+		listener, channel := listenWake(t, db)
 		// next returns the payload of the next notification; a marker sent
 		// after a write comes after whatever the write sent.
 		next := func() string {
@@ -231,12 +226,7 @@ func TestWakeOneNotifierPerSlot(t *testing.T) {
 		db := pgtest.New(t, &pgtest.Opts{MaxConns: 24})
 		_, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("relays")+` (relay_id, idle_until) VALUES ('r1', now() + interval '1 hour')`)
 		require.NoError(t, err)
-		listener, err := pgx.Connect(ctx, db.Server.URL)
-		require.NoError(t, err)
-		t.Cleanup(func() { listener.Close(ctx) })
-		channel := tables.WakeChannel(db.Schema)
-		_, err = listener.Exec(ctx, "LISTEN "+channel)
-		require.NoError(t, err)
+		listener, channel := listenWake(t, db)
 		received := func() int {
 			t.Helper()
 			_, err := db.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, channel)
@@ -381,4 +371,18 @@ func TestWakeOneNotifierPerSlot(t *testing.T) {
 			require.Less(t, attempt, 5, "sixteen writes never fitted in fewer than sixteen wake slots")
 		}
 	})
+}
+
+// listenWake returns a connection listening on db's wake channel, closed
+// when t ends, and the channel.
+func listenWake(t *testing.T, db *pgtest.DB) (*pgx.Conn, string) {
+	t.Helper()
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, db.Server.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { listener.Close(ctx) })
+	channel := tables.WakeChannel(db.Schema)
+	_, err = listener.Exec(ctx, "LISTEN "+channel)
+	require.NoError(t, err)
+	return listener, channel
 }
