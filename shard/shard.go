@@ -15,9 +15,8 @@ import (
 // and dead letters.
 type Shard struct {
 	// Name identifies the shard in logs, metrics, the CLI and the
-	// dashboard: 1 to 63 letters, digits, '.', '_' or '-', unique within
-	// its list. It is a label, not an address: renaming a shard changes
-	// no data.
+	// dashboard (see CheckName), unique within its list. It is a label,
+	// not an address: renaming a shard changes no data.
 	Name string `json:"name"`
 	// Database is a pgx connection string (URL or key=value form).
 	Database string `json:"database"`
@@ -25,13 +24,23 @@ type Shard struct {
 	Schema string `json:"schema,omitempty"`
 }
 
-var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,63}$`)
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// CheckName checks a shard's or target's name: 1 to 63 letters, digits,
+// '.', '_' or '-', starting with a letter or digit, so that it is safe in
+// a URL path, a metric label and a log line.
+func CheckName(name string) error {
+	if !namePattern.MatchString(name) {
+		return fmt.Errorf("shard: name %.70q must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+	}
+	return nil
+}
 
 // Validate checks the shard's name, connection string and schema, and
 // fills in the default schema.
 func (s *Shard) Validate() error {
-	if !namePattern.MatchString(s.Name) {
-		return fmt.Errorf("shard: name %.70q must be 1 to 63 letters, digits, '.', '_' or '-'", s.Name)
+	if err := CheckName(s.Name); err != nil {
+		return err
 	}
 	if s.Database == "" {
 		return fmt.Errorf("shard %s: database is empty; give a PostgreSQL connection string", s.Name)

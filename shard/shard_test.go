@@ -34,6 +34,7 @@ func TestParseRefuses(t *testing.T) {
 	for name, tc := range map[string]struct{ json, want string }{
 		"unknown field":     {`{"shards": [{"name": "a", "database": "postgres://h/d", "shema": "x"}]}`, `unknown field "shema"`},
 		"empty":             {`{}`, "names no shards"},
+		"dots":              {`{"shards": [{"name": "..", "database": "postgres://h/d"}]}`, "must be 1 to 63"},
 		"bad name":          {`{"shards": [{"name": "a b", "database": "postgres://h/d"}]}`, "must be 1 to 63"},
 		"long name":         {`{"shards": [{"name": "` + strings.Repeat("a", 64) + `", "database": "postgres://h/d"}]}`, "must be 1 to 63"},
 		"no database":       {`{"shards": [{"name": "a"}]}`, "database is empty"},
