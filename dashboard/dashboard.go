@@ -109,6 +109,8 @@ type Dashboard struct {
 	sample consumerSample
 	// submitted holds the forms posted lately; see submitOnce.
 	submitted submitted
+	// fleet places the dashboard in a [Fleet]; nil for one on its own.
+	fleet *fleetLink
 }
 
 // New returns the dashboard of cfg's schema (nil means the defaults) on
@@ -119,6 +121,20 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 	if pool == nil {
 		return nil, errors.New("dashboard: nil pool; pass the pool of the database that holds the outbox tables")
 	}
+	c, err := configure(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	return build(pool, c, ps)
+}
+
+// configure validates cfg (nil means the defaults) and returns it with
+// the defaults filled in.
+func configure(cfg *Config) (Config, error) {
 	c := Config{}
 	if cfg != nil {
 		c = *cfg
@@ -127,37 +143,37 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 		c.Schema = outbox.DefaultSchema
 	}
 	if err := tables.CheckSchema(c.Schema); err != nil {
-		return nil, fmt.Errorf("dashboard: %w", err)
+		return Config{}, fmt.Errorf("dashboard: %w", err)
 	}
 	if c.AllowRemote && len(c.Hosts) == 0 {
-		return nil, errors.New("dashboard: AllowRemote needs Config.Hosts, the names clients reach the dashboard by (the Host header), so that DNS rebinding cannot reach it; \"*\" allows any")
+		return Config{}, errors.New("dashboard: AllowRemote needs Config.Hosts, the names clients reach the dashboard by (the Host header), so that DNS rebinding cannot reach it; \"*\" allows any")
 	}
 	for _, h := range c.Hosts {
 		if h == "" || strings.ContainsAny(h, "/ ") {
-			return nil, fmt.Errorf("dashboard: Hosts entry %q is not a host name or host:port", h)
+			return Config{}, fmt.Errorf("dashboard: Hosts entry %q is not a host name or host:port", h)
 		}
 	}
 	if c.HealthEvery == 0 {
 		c.HealthEvery = time.Minute
 	}
 	if c.Prefix != "" && (!strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/")) {
-		return nil, fmt.Errorf("dashboard: Prefix %q must start with a slash and not end with one, like \"/outbox\"", c.Prefix)
+		return Config{}, fmt.Errorf("dashboard: Prefix %q must start with a slash and not end with one, like \"/outbox\"", c.Prefix)
 	}
 	switch {
 	case c.PageSize < 0 || c.PageSize > 500:
-		return nil, fmt.Errorf("dashboard: PageSize %d is out of range; want 1 to 500, or 0 for 50", c.PageSize)
+		return Config{}, fmt.Errorf("dashboard: PageSize %d is out of range; want 1 to 500, or 0 for 50", c.PageSize)
 	case c.PageSize == 0:
 		c.PageSize = 50
 	}
 	switch {
 	case c.CountCap < 0:
-		return nil, fmt.Errorf("dashboard: negative CountCap %d; want 0 for 10000, or a positive bound", c.CountCap)
+		return Config{}, fmt.Errorf("dashboard: negative CountCap %d; want 0 for 10000, or a positive bound", c.CountCap)
 	case c.CountCap == 0:
 		c.CountCap = 10000
 	}
 	switch {
 	case c.KeyRetention < 0:
-		return nil, fmt.Errorf("dashboard: negative KeyRetention %s; give the consumers' consumer.Config.KeyRetention", c.KeyRetention)
+		return Config{}, fmt.Errorf("dashboard: negative KeyRetention %s; give the consumers' consumer.Config.KeyRetention", c.KeyRetention)
 	case c.KeyRetention == 0:
 		c.KeyRetention = dedupe.DefaultRetention
 	}
@@ -165,7 +181,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 		c.CSRFKey = make([]byte, 32)
 		_, _ = rand.Read(c.CSRFKey) // crypto/rand.Read never fails
 	} else if len(c.CSRFKey) < 32 {
-		return nil, fmt.Errorf("dashboard: CSRFKey has %d bytes; give at least 32 random bytes, or none for a key per process", len(c.CSRFKey))
+		return Config{}, fmt.Errorf("dashboard: CSRFKey has %d bytes; give at least 32 random bytes, or none for a key per process", len(c.CSRFKey))
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -174,10 +190,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Dashboard, error) {
 		c.Logger.Warn("dashboard: AllowRemote is set and Authorize is not: every client that reaches the dashboard reads every record's payload; put it behind an authenticating proxy, or serve loopback clients only",
 			slog.String("schema", c.Schema), slog.Any("hosts", c.Hosts))
 	}
-	ps, err := parsePages()
-	if err != nil {
-		return nil, err
-	}
+	return c, nil
+}
+
+// build returns the dashboard of c, a configured Config, on pool.
+func build(pool *pgxpool.Pool, c Config, ps pages) (*Dashboard, error) {
 	prod, err := producer.NewInspector(pool, c.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
@@ -234,17 +251,7 @@ func (d *Dashboard) routes() *http.ServeMux {
 // response, refusals and static files included, carries headers that keep
 // it out of frames, scripts and other sites' referrers.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h := w.Header()
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'none'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
-	if !d.hostAllowed(r.Host) {
-		http.Error(w, "dashboard: host "+strconv.Quote(r.Host)+" is not served; add it to Config.Hosts", http.StatusMisdirectedRequest)
-		return
-	}
-	if !d.cfg.AllowRemote && !loopback(r.RemoteAddr) {
-		http.Error(w, "dashboard: only loopback clients are served; set Config.AllowRemote to serve others", http.StatusForbidden)
+	if !admit(&d.cfg, w, r) {
 		return
 	}
 	if d.cfg.Prefix != "" {
@@ -254,15 +261,35 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d.mux.ServeHTTP(w, r)
 }
 
+// admit sets the headers every response carries and refuses, with the
+// reason, a request for a host cfg does not serve or from a client it
+// does not serve; it reports whether r may go on.
+func admit(cfg *Config, w http.ResponseWriter, r *http.Request) bool {
+	h := w.Header()
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'none'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+	if !hostAllowed(cfg.Hosts, r.Host) {
+		http.Error(w, "dashboard: host "+strconv.Quote(r.Host)+" is not served; add it to Config.Hosts", http.StatusMisdirectedRequest)
+		return false
+	}
+	if !cfg.AllowRemote && !loopback(r.RemoteAddr) {
+		http.Error(w, "dashboard: only loopback clients are served; set Config.AllowRemote to serve others", http.StatusForbidden)
+		return false
+	}
+	return true
+}
+
 // hostAllowed reports whether host, a request's Host header, names the
-// dashboard: a loopback name, or one of [Config.Hosts].
-func (d *Dashboard) hostAllowed(host string) bool {
+// dashboard: a loopback name, or one of hosts ([Config.Hosts]).
+func hostAllowed(hosts []string, host string) bool {
 	name, _, err := net.SplitHostPort(host)
 	if err != nil {
 		name = host
 	}
 	name = strings.TrimSuffix(strings.ToLower(strings.Trim(name, "[]")), ".")
-	for _, h := range d.cfg.Hosts {
+	for _, h := range hosts {
 		if h == "*" || strings.EqualFold(h, host) || strings.EqualFold(h, name) {
 			return true
 		}

@@ -7,7 +7,8 @@
 // consumer its open dead letters (grouped by failure fingerprint, with
 // filters and paging), one letter in full, its gaps and the records
 // parked behind them; and the operator requests and audit log of package
-// operator.
+// operator. Over many shards, [NewFleet] adds an overview with one row
+// per shard and serves each shard's dashboard beneath it.
 //
 // # Safety
 //

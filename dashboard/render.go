@@ -27,7 +27,7 @@ var staticFS embed.FS
 // pages are the parsed templates, one set per page, each with the layout.
 type pages map[string]*template.Template
 
-var pageNames = []string{"overview", "deadevents", "letters", "letter", "gaps", "confirm", "requests", "request", "audit", "error", "search"}
+var pageNames = []string{"fleet", "overview", "deadevents", "letters", "letter", "gaps", "confirm", "requests", "request", "audit", "error", "search"}
 
 var funcs = template.FuncMap{
 	"age":   age,
@@ -60,6 +60,9 @@ func parsePages() (pages, error) {
 // page's own data in D.
 type view struct {
 	Base, Schema, Title string
+	// Fleet is the fleet overview's path when the page belongs to a
+	// [Fleet]; Shard names the shard the page is of ("" on the overview).
+	Fleet, Shard string
 	// CanAct says whether to offer actions; Actor is who would act, CSRF
 	// the token forms carry.
 	CanAct      bool
@@ -77,19 +80,41 @@ func (d *Dashboard) render(w http.ResponseWriter, r *http.Request, name, title s
 
 func (d *Dashboard) renderView(w http.ResponseWriter, r *http.Request, status int, name string, v *view) {
 	v.Base, v.Schema = d.cfg.Prefix, d.cfg.Schema
+	if d.fleet != nil {
+		v.Fleet, v.Shard = d.fleet.base+"/", d.fleet.shard
+	}
 	v.Actor, v.CanAct = d.actor(r)
 	v.CSRF = d.token(w, r)
-	var buf bytes.Buffer
-	if err := d.pages[name].ExecuteTemplate(&buf, "layout", v); err != nil {
-		d.log.ErrorContext(r.Context(), "dashboard: render page failed", slog.String("page", name), slog.String("error", err.Error()))
-		http.Error(w, "dashboard: render page "+name+": "+err.Error(), http.StatusInternalServerError)
+	page := renderPage(d.pages, name, v)
+	if page.err != nil {
+		d.log.ErrorContext(r.Context(), "dashboard: render page failed", slog.String("page", name), slog.String("error", page.err.Error()))
+		http.Error(w, "dashboard: render page "+name+": "+page.err.Error(), http.StatusInternalServerError)
 		return
 	}
+	page.write(w, r, d.log, status)
+}
+
+// rendered is a page rendered in memory, or why it could not be.
+type rendered struct {
+	buf bytes.Buffer
+	err error
+}
+
+// renderPage renders page name of ps with v.
+func renderPage(ps pages, name string, v *view) *rendered {
+	p := &rendered{}
+	p.err = ps[name].ExecuteTemplate(&p.buf, "layout", v)
+	return p
+}
+
+// write sends the page with status; an error while writing goes to log,
+// the client having gone.
+func (p *rendered) write(w http.ResponseWriter, r *http.Request, log *slog.Logger, status int) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	if _, err := w.Write(buf.Bytes()); err != nil {
-		d.log.DebugContext(r.Context(), "dashboard: write page failed", slog.String("page", name), slog.String("error", err.Error()))
+	if _, err := w.Write(p.buf.Bytes()); err != nil {
+		log.DebugContext(r.Context(), "dashboard: write page failed", slog.String("error", err.Error()))
 	}
 }
 
