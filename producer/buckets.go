@@ -42,6 +42,9 @@ type bucketOwner struct {
 	conn *pgx.Conn
 	// gen is the session generation the owned buckets were locked in.
 	gen uint64
+	// lost is set when the owner forgot buckets whose session ended, so
+	// that Run's loop rebalances at once rather than when due.
+	lost bool
 	// owned are the buckets this session has locked.
 	owned map[int32]bool
 	// unchecked are newly taken buckets whose leased rows have not been
@@ -93,10 +96,12 @@ func bucketOf(hash int32) int32 { return ((hash % numBuckets) + numBuckets) % nu
 // so that each live instance owns about numBuckets/live of them. It runs
 // between batches, so a bucket given up has nothing of ours in flight.
 func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
+	o.lost = false
 	if err := o.take(ctx, true); err != nil {
 		return err
 	}
 	defer o.give()
+	o.lost = false // take may have forgotten buckets: the rebalance is now
 	s := &o.r.sql
 	stale := 3 * o.r.cfg.RebalanceInterval
 	var (
@@ -181,8 +186,9 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 }
 
 // take waits for the session's turn and, with connect, connects it if it
-// is down. An owner whose buckets were locked in an earlier connection
-// forgets them here, before it can claim: their locks ended with it. It
+// is down. An owner whose buckets were locked in an earlier connection, or
+// in one that is down, forgets them here, before it can claim: their locks
+// ended with it. It
 // returns errNoSession when there is no connection (without connect), and
 // then, as on any error, the caller must not call give.
 func (o *bucketOwner) take(ctx context.Context, connect bool) error {
@@ -199,7 +205,7 @@ func (o *bucketOwner) take(ctx context.Context, connect bool) error {
 	} else {
 		conn, gen = o.sess.live()
 	}
-	if gen != o.gen {
+	if gen != o.gen || conn == nil {
 		o.dropAll(ctx)
 		o.gen, o.sessionPID = gen, 0
 	}
@@ -484,8 +490,11 @@ func (o *bucketOwner) reset(ctx context.Context) {
 // locks of every shard sharing it, which forget theirs in their next turn.
 // The caller holds the session's turn.
 func (o *bucketOwner) dropAll(ctx context.Context) {
-	if len(o.owned) > 0 && ctx.Err() == nil {
-		o.r.log.Warn("relay: lost the session holding its bucket locks; stopped publishing until it reconnects", slog.Int("buckets", len(o.owned)))
+	if len(o.owned) > 0 {
+		o.lost = true
+		if ctx.Err() == nil {
+			o.r.log.Warn("relay: lost the session holding its bucket locks; stopped publishing until it reconnects", slog.Int("buckets", len(o.owned)))
+		}
 	}
 	if o.conn != nil {
 		o.sess.close()

@@ -82,6 +82,19 @@ type fleetShard struct {
 	done   chan struct{}
 }
 
+// ended reports whether the shard's relay ran and returned by itself.
+func (fs *fleetShard) ended() bool {
+	if fs.done == nil {
+		return false
+	}
+	select {
+	case <-fs.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // fleetServer is what the shards of one server share. users counts the
 // shards using it (guarded by Fleet.mu); the last to leave closes it.
 type fleetServer struct {
@@ -134,8 +147,8 @@ func NewFleet(client *kgo.Client, shards []shard.Shard, cfg *FleetConfig) (*Flee
 // (at once while Run runs); one whose name is gone stops as a Relay whose
 // Run ends does: its batch in flight is published and marked, and its
 // buckets are released for the other relays of its schema; one whose
-// database or schema changed does both. Shards left as they were are not
-// touched. Set validates the whole list first and changes nothing if it
+// database or schema changed does both, as does one whose relay stopped
+// on an error (see Run). Other shards are not touched. Set validates the whole list first and changes nothing if it
 // is invalid; a shard that fails to start (NewRelay's checks) is left out
 // and named in the error, the others start. It is safe to call from any
 // goroutine, before or during Run; after Run returned it returns
@@ -162,7 +175,7 @@ func (f *Fleet) Set(shards []shard.Shard) error {
 	var stop []*fleetShard
 	f.mu.Lock()
 	for name, fs := range f.shards {
-		if w, ok := want[name]; !ok || w != fs.shard {
+		if w, ok := want[name]; !ok || w != fs.shard || fs.ended() {
 			stop = append(stop, fs)
 			delete(f.shards, name)
 		}
@@ -273,7 +286,7 @@ func (f *Fleet) start(fs *fleetShard) {
 	go func() {
 		defer close(fs.done)
 		if err := fs.relay.Run(ctx); err != nil {
-			fs.relay.log.ErrorContext(ctx, "relay fleet: shard stopped; Set it again once fixed", slog.String("error", err.Error()))
+			fs.relay.log.ErrorContext(ctx, "relay fleet: shard stopped; Fleet.Set restarts it once fixed", slog.String("error", err.Error()))
 		}
 	}()
 }
@@ -328,7 +341,7 @@ func (f *Fleet) closeServers() {
 // broker errors are logged with the shard's name and retried; a shard
 // whose Relay.Run would return an error (its schema went to CDC mode, or
 // its database gives no session of its own) is logged at ERROR and stops
-// alone. Run it once per Fleet.
+// alone, until Set lists it again. Run it once per Fleet.
 func (f *Fleet) Run(ctx context.Context) error {
 	f.setMu.Lock()
 	if f.ran {

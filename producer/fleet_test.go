@@ -258,3 +258,41 @@ func TestFleetSharesBucketsWithARelay(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+// TestFleetSurvivesLosingItsLockSession terminates the session that holds
+// every shard's bucket locks: each shard takes its buckets again in a new
+// session, and events written before and after are all delivered in
+// per-aggregate order.
+func TestFleetSurvivesLosingItsLockSession(t *testing.T) {
+	t.Parallel()
+	w := newFleetWorld(t, 4)
+	fleet, _ := w.start(t, w.shards, &producer.FleetConfig{Relay: producer.RelayConfig{RebalanceInterval: 200 * time.Millisecond}})
+	n := w.write(t, w.shards, 3, 3)
+	require.Len(t, checkOrder(t, w.broker.Records(t, w.topic, n, time.Minute)), n)
+
+	ctx := context.Background()
+	lockSession := func() (pid int) {
+		err := w.base.Pool.QueryRow(ctx, `SELECT coalesce(min(l.pid), 0) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND a.application_name = $1`, w.appName).Scan(&pid)
+		require.NoError(t, err)
+		return pid
+	}
+	var old int
+	eventually.True(t, 10*time.Second, func() bool { old = lockSession(); return old != 0 }, "the fleet holds bucket locks")
+	_, err := w.base.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old)
+	require.NoError(t, err)
+	n += w.write(t, w.shards, 3, 3)
+	eventually.True(t, 20*time.Second, func() bool {
+		if pid := lockSession(); pid == 0 || pid == old {
+			return false
+		}
+		for _, h := range fleet.Health() {
+			if h.Buckets != 64 {
+				return false
+			}
+		}
+		return true
+	}, "every shard took its buckets again in a new session")
+	n += w.write(t, w.shards, 3, 3)
+	require.Len(t, checkOrder(t, w.broker.Records(t, w.topic, n, time.Minute)), n)
+}

@@ -89,11 +89,12 @@ func (l *loop) step(ctx context.Context) {
 	}
 }
 
-// rebalanceIfDue rebalances the buckets every RebalanceInterval. Buckets
+// rebalanceIfDue rebalances the buckets every RebalanceInterval, and at
+// once after the owner lost its session (see bucketOwner.lost). Buckets
 // change hands only with nothing in flight.
 func (l *loop) rebalanceIfDue(ctx context.Context) {
 	now := time.Now()
-	if now.Before(l.nextRebalance) {
+	if now.Before(l.nextRebalance) && !l.owner.lost {
 		return
 	}
 	l.landInFlight(ctx)

@@ -148,9 +148,10 @@ type Relay struct {
 // publishes through client. The client must keep idempotent writes (the
 // default): the relay relies on them for per-partition order across
 // retries. Records are keyed by aggregate id, so keep a key-hashing
-// partitioner (the default). The relay flushes the client after each
-// batch; a client shared with other producers has their records flushed
-// too.
+// partitioner (the default). While a batch is published the relay
+// flushes the client, so that nothing lingers; a client shared with other
+// producers has their records sent at once meanwhile too, but the batch
+// waits only for its own.
 //
 // A topic that does not exist is a retryable error to Kafka: its events
 // are retried with backoff until it is created (the age alert on
