@@ -30,10 +30,21 @@ func schemaLockKey(schema string) int32 {
 // connection holds one advisory lock per owned bucket and also runs the
 // claims: if the session dies, the locks die with it and so does the next
 // claim, so a relay that lost its locks cannot go on claiming their work.
+// In a Fleet the session is shared by the shards of one server: every
+// owner checks, in its turn, that the session is the one its buckets were
+// locked in (gen) and forgets them if not, before it claims anything.
 // Only the goroutine running [Relay.Run] touches it.
 type bucketOwner struct {
 	r    *Relay
+	sess *lockSession
+	// conn is the session's connection while this owner holds the
+	// session's turn; nil otherwise.
 	conn *pgx.Conn
+	// gen is the session generation the owned buckets were locked in.
+	gen uint64
+	// lost is set when the owner forgot buckets whose session ended, so
+	// that Run's loop rebalances at once rather than when due.
+	lost bool
 	// owned are the buckets this session has locked.
 	owned map[int32]bool
 	// unchecked are newly taken buckets whose leased rows have not been
@@ -73,8 +84,8 @@ type hold struct {
 	own bool
 }
 
-func newBucketOwner(r *Relay) *bucketOwner {
-	return &bucketOwner{r: r, owned: map[int32]bool{}, unchecked: map[int32]bool{}, holds: map[int32]hold{}}
+func newBucketOwner(r *Relay, sess *lockSession) *bucketOwner {
+	return &bucketOwner{r: r, sess: sess, owned: map[int32]bool{}, unchecked: map[int32]bool{}, holds: map[int32]hold{}}
 }
 
 // bucketOf is the bucket of a hash computed by the server, as the
@@ -85,24 +96,12 @@ func bucketOf(hash int32) int32 { return ((hash % numBuckets) + numBuckets) % nu
 // so that each live instance owns about numBuckets/live of them. It runs
 // between batches, so a bucket given up has nothing of ours in flight.
 func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
-	if o.conn == nil || o.conn.IsClosed() {
-		o.dropAll(ctx)
-		conn, err := pgx.ConnectConfig(ctx, o.r.cfg.SessionConfig)
-		if err != nil {
-			return err
-		}
-		if err := o.r.checkSession(ctx, conn); err != nil {
-			_ = conn.Close(context.WithoutCancel(ctx))
-			return err
-		}
-		// The claims run on this session; its settings keep their cost
-		// independent of the table's statistics (tables.Relay.ClaimSession).
-		if _, err := conn.Exec(ctx, o.r.sql.ClaimSession); err != nil {
-			_ = conn.Close(context.WithoutCancel(ctx))
-			return fmt.Errorf("producer: set up the relay's session for claims: %w", err)
-		}
-		o.conn, o.sessionPID = conn, 0
+	o.lost = false
+	if err := o.take(ctx, true); err != nil {
+		return err
 	}
+	defer o.give()
+	o.lost = false // take may have forgotten buckets: the rebalance is now
 	s := &o.r.sql
 	stale := 3 * o.r.cfg.RebalanceInterval
 	var (
@@ -186,6 +185,56 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 	return o.refreshHolds(ctx, nil)
 }
 
+// take waits for the session's turn and, with connect, connects it if it
+// is down. An owner whose buckets were locked in an earlier connection, or
+// in one that is down, forgets them here, before it can claim: their locks
+// ended with it. It
+// returns errNoSession when there is no connection (without connect), and
+// then, as on any error, the caller must not call give.
+func (o *bucketOwner) take(ctx context.Context, connect bool) error {
+	if err := o.sess.acquire(ctx); err != nil {
+		return err
+	}
+	var (
+		conn *pgx.Conn
+		gen  uint64
+		err  error
+	)
+	if connect {
+		conn, gen, err = o.sess.connect(ctx)
+	} else {
+		conn, gen = o.sess.live()
+	}
+	if gen != o.gen || conn == nil {
+		o.dropAll(ctx)
+		o.gen, o.sessionPID = gen, 0
+	}
+	if err == nil && conn == nil {
+		err = errNoSession
+	}
+	if err != nil {
+		o.sess.release()
+		return err
+	}
+	o.conn = conn
+	return nil
+}
+
+// give ends the owner's turn on the session.
+func (o *bucketOwner) give() {
+	o.conn = nil
+	o.sess.release()
+}
+
+// refreshHoldsNow is refreshHolds in a turn of its own, for Run's loop.
+func (o *bucketOwner) refreshHoldsNow(ctx context.Context, busy []int32) error {
+	if err := o.take(ctx, false); err != nil {
+		return err
+	}
+	defer o.give()
+	return o.refreshHolds(ctx, busy)
+}
+
 // holdsDue reports whether a hold has ended or a bucket waits to be
 // checked, so that refreshHolds has something to do.
 func (o *bucketOwner) holdsDue() bool {
@@ -219,7 +268,8 @@ func (o *bucketOwner) nextHoldEnd() time.Time {
 // at once, and a new owner from publishing an aggregate's later events
 // before the leased ones. Only the aggregates with leased rows wait; the
 // rest of a bucket is claimed from at once. On an error, buckets not looked
-// up stay out of claims and ended holds stay in force.
+// up stay out of claims and ended holds stay in force. The caller holds
+// the session's turn.
 func (o *bucketOwner) refreshHolds(ctx context.Context, busy []int32) error {
 	defer o.publishHealth()
 	var check []int32
@@ -365,9 +415,13 @@ func (o *bucketOwner) sortedOwned() []int32 {
 // aggregates whose bucket hash is in busy and the held ones. It runs on the
 // lock session: a claim succeeds only while the locks are held.
 func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent, error) {
-	if o.conn == nil {
-		return nil, errNoSession
+	if len(o.claimable) == 0 {
+		return nil, nil
 	}
+	if err := o.take(ctx, false); err != nil {
+		return nil, err
+	}
+	defer o.give()
 	if len(o.claimable) == 0 {
 		return nil, nil
 	}
@@ -422,7 +476,8 @@ func (o *bucketOwner) idleFor() time.Duration {
 	return 3 * max(o.r.cfg.PollInterval, o.r.cfg.RebalanceInterval)
 }
 
-// reset drops the session after a claim error if the session is gone.
+// reset drops the session after an error if the session is gone. The
+// caller holds the session's turn.
 func (o *bucketOwner) reset(ctx context.Context) {
 	if o.conn != nil && o.conn.IsClosed() {
 		o.dropAll(ctx)
@@ -430,13 +485,19 @@ func (o *bucketOwner) reset(ctx context.Context) {
 }
 
 // dropAll forgets every bucket: the session that held their locks is gone,
-// and the server released them with it.
+// and the server released them with it. When the session still runs (its
+// owner cannot tell which locks it holds) dropAll ends it, and with it the
+// locks of every shard sharing it, which forget theirs in their next turn.
+// The caller holds the session's turn.
 func (o *bucketOwner) dropAll(ctx context.Context) {
-	if len(o.owned) > 0 && ctx.Err() == nil {
-		o.r.log.Warn("relay: lost the session holding its bucket locks; stopped publishing until it reconnects", slog.Int("buckets", len(o.owned)))
+	if len(o.owned) > 0 {
+		o.lost = true
+		if ctx.Err() == nil {
+			o.r.log.Warn("relay: lost the session holding its bucket locks; stopped publishing until it reconnects", slog.Int("buckets", len(o.owned)))
+		}
 	}
 	if o.conn != nil {
-		_ = o.conn.Close(context.Background())
+		o.sess.close()
 		o.conn = nil
 	}
 	clear(o.owned)
@@ -447,17 +508,34 @@ func (o *bucketOwner) dropAll(ctx context.Context) {
 }
 
 // close leaves the group: it deletes this instance's row, so the others
-// rebalance at their next tick, and ends the session, releasing the locks.
+// rebalance at their next tick, and releases the locks: a Relay ends its
+// session, a Fleet's shard unlocks its own buckets on the shared one.
 func (o *bucketOwner) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := o.r.pool.Exec(ctx, o.r.sql.Leave, o.r.cfg.RelayID); err != nil {
 		o.r.log.Warn("relay: remove heartbeat row; others notice after three rebalance intervals", slog.String("error", err.Error()))
 	}
-	if o.conn != nil {
-		_ = o.conn.Close(ctx)
-		o.conn = nil
+	if err := o.sess.acquire(ctx); err != nil {
+		o.r.log.Warn("relay: release bucket locks: the shared session stayed busy; they are released when it ends", slog.String("error", err.Error()))
+		return
 	}
+	defer o.sess.release()
+	if !o.sess.shared {
+		o.sess.close()
+		return
+	}
+	conn, gen := o.sess.live()
+	if conn == nil || gen != o.gen || len(o.owned) == 0 {
+		return
+	}
+	if _, err := conn.Exec(ctx, o.r.sql.UnlockBuckets, o.r.lockKey, o.sortedOwned()); err != nil {
+		// Which locks are still held is unknown: end the session, which the
+		// other shards notice in their next turn.
+		o.r.log.Warn("relay: release bucket locks on the shared session; ending it", slog.String("error", err.Error()))
+		o.sess.close()
+	}
+	clear(o.owned)
 }
 
 // noBucketsWarnAfter is how long an instance may own no bucket while

@@ -32,16 +32,16 @@ func TestClaimNoFlushStaysInTheClaim(t *testing.T) {
 	defer client.Close()
 	r, err := NewRelay(db.Pool, client, &RelayConfig{Schema: db.Schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
-	o := newBucketOwner(r)
+	o := newBucketOwner(r, r.newSession())
 	defer o.close()
 	require.NoError(t, o.rebalance(ctx, false))
 	batch, err := o.claim(ctx, nil)
 	require.NoError(t, err)
 	require.Len(t, batch, 1)
 
-	require.Equal(t, byte('I'), o.conn.PgConn().TxStatus(), "the claim's transaction ended")
+	require.Equal(t, byte('I'), o.sess.conn.PgConn().TxStatus(), "the claim's transaction ended")
 	var setting string
-	require.NoError(t, o.conn.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&setting))
+	require.NoError(t, o.sess.conn.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&setting))
 	require.Equal(t, "on", setting, "the lock session keeps synchronous commit")
 	var leased bool
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT leased_until > now() FROM `+db.Table("events")+` WHERE id = $1`, batch[0].id).Scan(&leased))

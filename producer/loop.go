@@ -52,7 +52,7 @@ func (l *loop) step(ctx context.Context) {
 	// Holds that ended are looked up again before the claim, so that an
 	// aggregate whose lease ended goes out with this batch.
 	if l.owner.holdsDue() {
-		if err := l.owner.refreshHolds(ctx, l.inFlight.aggregates()); err != nil {
+		if err := l.owner.refreshHoldsNow(ctx, l.inFlight.aggregates()); err != nil {
 			l.r.logError(ctx, "relay: look up leased aggregates, will retry", err)
 		}
 	}
@@ -61,7 +61,11 @@ func (l *loop) step(ctx context.Context) {
 	case err != nil:
 		l.failures++
 		l.r.logError(ctx, "relay: claim batch, will retry", err)
-		l.owner.reset(ctx)
+		if errors.Is(err, errNoSession) {
+			// The session is down (or was replaced, and the buckets went
+			// with the old one): reconnect at the next step.
+			l.nextRebalance = time.Time{}
+		}
 		l.r.sleep(ctx, l.wake, min(l.r.retry.Delay(l.failures), l.r.cfg.RebalanceInterval))
 	case len(batch) > 0:
 		l.failures = 0
@@ -85,11 +89,12 @@ func (l *loop) step(ctx context.Context) {
 	}
 }
 
-// rebalanceIfDue rebalances the buckets every RebalanceInterval. Buckets
+// rebalanceIfDue rebalances the buckets every RebalanceInterval, and at
+// once after the owner lost its session (see bucketOwner.lost). Buckets
 // change hands only with nothing in flight.
 func (l *loop) rebalanceIfDue(ctx context.Context) {
 	now := time.Now()
-	if now.Before(l.nextRebalance) {
+	if now.Before(l.nextRebalance) && !l.owner.lost {
 		return
 	}
 	l.landInFlight(ctx)

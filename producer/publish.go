@@ -90,9 +90,20 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent, recs []*kgo.
 		})
 	}
 	// Flush sends what the client is lingering on at once: the relay
-	// waits for this batch anyway, so lingering only adds latency.
-	_ = r.client.Flush(ctx)
+	// waits for this batch anyway, so lingering only adds latency. The
+	// batch waits for its own records' promises, not for the flush: a
+	// flush waits for every record the client buffers, and a client
+	// shared by a Fleet's shards (or other producers) would make this
+	// batch wait for theirs. The flush ends with the batch.
+	flushCtx, endFlush := context.WithCancel(ctx)
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		_ = r.client.Flush(flushCtx)
+	}()
 	wg.Wait()
+	endFlush()
+	<-flushed
 	r.explainMissingTopics(context.WithoutCancel(ctx), out)
 	r.failing.observe(out, time.Now())
 	return out

@@ -139,15 +139,19 @@ type Relay struct {
 	// activityPruned is when (unix seconds) a mark batch last pruned the
 	// activity table.
 	activityPruned atomic.Int64
+	// shared is set for a Fleet's shard: the session, listener and name it
+	// shares with the fleet; nil for a Relay of its own.
+	shared *fleetServer
 }
 
 // NewRelay validates cfg (nil means defaults) and returns a Relay that
 // publishes through client. The client must keep idempotent writes (the
 // default): the relay relies on them for per-partition order across
 // retries. Records are keyed by aggregate id, so keep a key-hashing
-// partitioner (the default). The relay flushes the client after each
-// batch; a client shared with other producers has their records flushed
-// too.
+// partitioner (the default). While a batch is published the relay
+// flushes the client, so that nothing lingers; a client shared with other
+// producers has their records sent at once meanwhile too, but the batch
+// waits only for its own.
 //
 // A topic that does not exist is a retryable error to Kafka: its events
 // are retried with backoff until it is created (the age alert on
@@ -258,15 +262,24 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	wake := make(chan struct{}, 1)
 	lctx, stopListener := context.WithCancel(ctx)
-	listenerDone := make(chan struct{})
-	go func() {
-		defer close(listenerDone)
-		r.listen(lctx, wake)
-	}()
-	defer func() {
-		stopListener()
-		<-listenerDone
-	}()
+	var sess *lockSession
+	if r.shared != nil {
+		sess = r.shared.session
+		r.shared.listener.add(r.cfg.Schema, wake)
+		defer r.shared.listener.remove(r.cfg.Schema, wake)
+		defer stopListener()
+	} else {
+		sess = r.newSession()
+		listenerDone := make(chan struct{})
+		go func() {
+			defer close(listenerDone)
+			r.listen(lctx, wake)
+		}()
+		defer func() {
+			stopListener()
+			<-listenerDone
+		}()
+	}
 
 	if r.cfg.Retention > 0 {
 		pruneDone := make(chan struct{})
@@ -280,7 +293,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 
-	owner := newBucketOwner(r)
+	owner := newBucketOwner(r, sess)
 	defer owner.close()
 	l := &loop{r: r, owner: owner, wake: wake}
 	defer l.landInFlight(ctx)
@@ -288,6 +301,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		l.step(ctx)
 	}
 	return l.stopped
+}
+
+// newSession returns the lock session of a Relay of its own.
+func (r *Relay) newSession() *lockSession {
+	return newLockSession(r.cfg.SessionConfig, r.checkSession, r.sql.ClaimSession, false)
 }
 
 // checkDispatch returns an error wrapping ErrCDCDispatch when the schema
