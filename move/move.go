@@ -217,6 +217,9 @@ func newID() string {
 func (m *mover) stopped(step int) bool { return m.stop == step }
 
 func (m *mover) run(ctx context.Context, aggs []Aggregate) error {
+	if err := m.checkDispatch(ctx); err != nil {
+		return err
+	}
 	if err := m.prepare(ctx, aggs); err != nil {
 		return err
 	}
@@ -259,6 +262,26 @@ func (m *mover) run(ctx context.Context, aggs []Aggregate) error {
 	}
 	m.log.InfoContext(ctx, "move: done", slog.String("move_id", m.id), slog.String("from", m.from.Shard.Name),
 		slog.String("to", m.to.Shard.Name), slog.Int("aggregates", len(aggs)), slog.Duration("drained_in", time.Since(start)))
+	return nil
+}
+
+// checkDispatch refuses shards whose events change data capture
+// publishes: it publishes every inserted row at once, held or not, and
+// never sets published_at, which the drain waits for.
+func (m *mover) checkDispatch(ctx context.Context) error {
+	for _, e := range []struct {
+		ep  Endpoint
+		sql tables.Moves
+	}{{m.from, m.fromSQL}, {m.to, m.toSQL}} {
+		var mode string
+		if err := e.ep.DB.QueryRow(ctx, e.sql.DispatchMode).Scan(&mode); err != nil {
+			return fmt.Errorf("move %s: read the dispatch mode of shard %q: %w", m.id, e.ep.Shard.Name, err)
+		}
+		if mode != "relay" {
+			return fmt.Errorf("move %s: shard %q is dispatched by %s, not by a relay; a move needs relays on both shards (producer.SetDispatch)",
+				m.id, e.ep.Shard.Name, mode)
+		}
+	}
 	return nil
 }
 

@@ -3,6 +3,8 @@ package tables
 // Moves are package move's statements on sequences, moves, events and
 // dead_events, on the source and the target of a move; see migration 0013.
 type Moves struct {
+	// DispatchMode reads the schema's dispatch mode ('relay' or 'cdc').
+	DispatchMode string
 	// Records reads move $1's rows of direction $2 ('out' on the source, 'in' on the target) in key order: aggregate type and id, peer, last_seq, state.
 	Records string
 	// LockSource locks aggregate ($1, $2)'s sequence row on the source, creating it at 0, and returns last_seq, moved_to and arriving_from.
@@ -43,6 +45,7 @@ type Moves struct {
 func MovesFor(schema string) Moves {
 	q := func(sql string) string { return Fill(sql, schema) }
 	return Moves{
+		DispatchMode: q(`SELECT mode FROM {schema}.dispatch`),
 		Records: q(`SELECT aggregate_type, aggregate_id, peer, last_seq, state FROM {schema}.moves
 WHERE move_id = $1 AND direction = $2 ORDER BY aggregate_type, aggregate_id`),
 		// The no-op update locks the row, as a writer's upsert would, and
