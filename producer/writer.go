@@ -18,6 +18,40 @@ import (
 	"github.com/d419a114/outbox/internal/tables"
 )
 
+// ErrAggregateMoved is wrapped by the *MovedError that Write returns for
+// an aggregate moved to another shard (package move): its events are
+// written there now.
+var ErrAggregateMoved = errors.New("producer: aggregate moved to another shard")
+
+// MovedError is Write's error for an aggregate moved to another shard: no
+// event of it was written here. Events of the call's other aggregates may
+// have been, so roll the transaction back, and write the aggregate's
+// events, with the rest of that transaction, on shard To. It wraps
+// ErrAggregateMoved.
+type MovedError struct {
+	// AggregateType and AggregateID name the moved aggregate (the first
+	// in sort order when several of the call's aggregates moved).
+	AggregateType, AggregateID string
+	// To is the name of the shard it moved to.
+	To string
+	// Arriving says that a move from shard To to this shard has reserved
+	// the aggregate here and is closing it on To: for a moment neither
+	// shard takes its writes. Retry the transaction here shortly.
+	Arriving bool
+}
+
+func (e *MovedError) Error() string {
+	if e.Arriving {
+		return fmt.Sprintf("producer: aggregate %s/%s is being moved here from shard %q and does not take writes until the move opens it here; retry the transaction in a moment",
+			e.AggregateType, e.AggregateID, e.To)
+	}
+	return fmt.Sprintf("producer: aggregate %s/%s moved to shard %q; roll the transaction back and write its events on that shard",
+		e.AggregateType, e.AggregateID, e.To)
+}
+
+// Unwrap returns ErrAggregateMoved.
+func (e *MovedError) Unwrap() error { return ErrAggregateMoved }
+
 // DefaultMaxPayloadBytes is the payload limit unless WriterConfig says
 // otherwise: Kafka's default max.message.bytes is about 1 MiB.
 const DefaultMaxPayloadBytes = 1 << 20
@@ -132,7 +166,11 @@ func Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 // Invalid input (see ValidationError; the aggregate type, aggregate id and
 // idempotency key are bounded by outbox.MaxAggregateTypeBytes and the
 // others) is refused with a *ValidationError before anything is sent
-// to the database. A nil tx returns ErrNoTx; a finished one returns an error
+// to the database. An aggregate moved to another shard (package move) gets
+// no event and Write returns a *MovedError, which wraps ErrAggregateMoved
+// and names the shard; roll the transaction back. An aggregate still
+// arriving from another shard gets its events, held until the move
+// releases them. A nil tx returns ErrNoTx; a finished one returns an error
 // wrapping pgx.ErrTxClosed.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Written, error) {
 	if tx == nil {
@@ -266,6 +304,12 @@ func (w *Writer) writeOne(ctx context.Context, tx pgx.Tx, e *Event, check bool) 
 	} else {
 		err = tx.QueryRow(ctx, w.sql.InsertOne, args...).Scan(&wr.ID, &wr.Seq)
 	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		if err := w.movedErr(ctx, tx, []Event{*e}); !errors.Is(err, errNotMoved) {
+			return nil, wakeAnswer{}, err
+		}
+		return nil, wakeAnswer{}, errors.New("producer: insert events: no row came back")
+	}
 	if err != nil {
 		return nil, wakeAnswer{}, writeErr(err, []Event{*e})
 	}
@@ -330,9 +374,36 @@ func (w *Writer) writeMany(ctx context.Context, tx pgx.Tx, events []Event, check
 		return nil, wakeAnswer{}, writeErr(err, events)
 	}
 	if got != n {
+		if err := w.movedErr(ctx, tx, events); !errors.Is(err, errNotMoved) {
+			return nil, wakeAnswer{}, err
+		}
 		return nil, wakeAnswer{}, fmt.Errorf("producer: insert events: %d of %d rows came back", got, n)
 	}
 	return out, wake, nil
+}
+
+// errNotMoved is movedErr's answer when no aggregate of the call moved.
+var errNotMoved = errors.New("producer: no aggregate moved")
+
+// movedErr explains a write that got fewer rows back than it wrote events:
+// the upsert returns none for an aggregate moved to another shard. It is
+// asked only then, so writes of aggregates that never moved pay nothing.
+// It returns errNotMoved when none moved.
+func (w *Writer) movedErr(ctx context.Context, tx pgx.Tx, events []Event) error {
+	types := make([]string, len(events))
+	ids := make([]string, len(events))
+	for i := range events {
+		types[i], ids[i] = events[i].AggregateType, events[i].AggregateID
+	}
+	var m MovedError
+	err := tx.QueryRow(ctx, w.sql.Moved, types, ids).Scan(&m.AggregateType, &m.AggregateID, &m.To, &m.Arriving)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errNotMoved
+	}
+	if err != nil {
+		return fmt.Errorf("producer: insert events: an aggregate may have moved to another shard, and looking it up failed: %w", err)
+	}
+	return &m
 }
 
 // sqlstateNumericValueOutOfRange is numeric_value_out_of_range.

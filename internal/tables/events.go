@@ -26,7 +26,47 @@ type Writer struct {
 	InsertMany string
 	// InsertManyWake is InsertMany with InsertOneWake's wake-up check.
 	InsertManyWake string
+	// Moved finds, of the aggregates of arrays $1 (types) and $2 (ids),
+	// those moved to another shard, the shard's name, and whether a move
+	// from that shard has reserved the aggregate here but not opened it
+	// yet; see moved.
+	Moved string
 }
+
+// heldColumns are the values of attempts, next_attempt_at and last_error
+// of a new event, in a query whose bumped row has the sequence's
+// arriving_from and arriving_move. An event of an aggregate still arriving
+// from another shard (package move) is inserted held: failed once, retry
+// never, so that the relay's claim, which skips a failed row until its
+// next attempt is due, leaves it and the aggregate's later events alone
+// until the move releases them (setting them back to due) once the source
+// delivered the earlier events. It is not dead: permanent_failures stays
+// 0, so MaxAttempts never counts it. No trigger puts it in
+// retrying_events (they fire on updates only), and none needs to: every
+// later event of the aggregate is held too until the release, which takes
+// the sequence row's lock first and so sees every held row committed
+// before it. For an aggregate that never moved the CASEs cost a NULL test
+// each.
+const heldColumns = `CASE WHEN b.arriving_from IS NULL THEN 0 ELSE 1 END,
+       CASE WHEN b.arriving_from IS NULL THEN now() ELSE 'infinity' END,
+       CASE WHEN b.arriving_from IS NOT NULL
+            THEN 'held: arriving from shard ' || b.arriving_from || ' (move ' || b.arriving_move || ')' END`
+
+// HeldPrefix starts the last_error of an event held by a move
+// (heldColumns); a release finds the held rows by it.
+const HeldPrefix = "held: arriving from shard "
+
+// moved explains why Write got fewer rows back than it wrote events: its
+// upsert updates a sequence only where moved_to is NULL, so an aggregate
+// moved to another shard returns no row and gets no event. It runs only
+// then, in the writer's transaction, so the hot path pays no extra round
+// trip; the sequence rows are already locked by the upsert.
+const moved = `
+SELECT s.aggregate_type, s.aggregate_id, s.moved_to, s.arriving_from IS NOT NULL
+FROM {schema}.sequences s
+JOIN unnest($1::text[], $2::text[]) AS a(aggregate_type, aggregate_id) USING (aggregate_type, aggregate_id)
+WHERE s.moved_to IS NOT NULL
+ORDER BY 1, 2`
 
 // insertEvents writes a whole call in one round trip.
 //
@@ -37,6 +77,13 @@ type Writer struct {
 // deadlocking each other. Events of one aggregate in one call get
 // consecutive numbers, in call order. Ids are drawn after the lock, so they
 // rise with the sequence too. {wake} is empty or wakeColumns.
+//
+// The upsert leaves a sequence moved to another shard (moved_to, package
+// move) as it is and returns no row for it, so none of its events is
+// inserted; the caller sees fewer rows than events and asks why (moved).
+// The events of the call's other aggregates are inserted, and the caller
+// must roll the transaction back. heldColumns holds the events of an
+// aggregate still arriving from another shard.
 const insertEvents = `
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
@@ -50,13 +97,16 @@ WITH input AS (
     INSERT INTO {schema}.sequences AS s (aggregate_type, aggregate_id, last_seq)
     SELECT aggregate_type, aggregate_id, n FROM counts ORDER BY aggregate_type, aggregate_id
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + excluded.last_seq
-    RETURNING aggregate_type, aggregate_id, last_seq
+        WHERE s.moved_to IS NULL
+    RETURNING aggregate_type, aggregate_id, last_seq, arriving_from, arriving_move
 )
 INSERT INTO {schema}.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
-                             event_type, topic, content_type, payload, headers)
+                             event_type, topic, content_type, payload, headers,
+                             attempts, next_attempt_at, last_error)
 SELECT i.event_id::uuid, i.idempotency_key, i.aggregate_type, i.aggregate_id,
        b.last_seq - c.n + row_number() OVER (PARTITION BY i.aggregate_type, i.aggregate_id ORDER BY i.ord),
-       i.event_type, nullif(i.topic, ''), nullif(i.content_type, ''), i.payload, i.headers::jsonb
+       i.event_type, nullif(i.topic, ''), nullif(i.content_type, ''), i.payload, i.headers::jsonb,
+       {held}
 FROM input i
 JOIN counts c USING (aggregate_type, aggregate_id)
 JOIN bumped b USING (aggregate_type, aggregate_id)
@@ -71,18 +121,22 @@ RETURNING id, event_id::text, aggregate_seq{wake}`
 // first, and a writer waiting for the lock would hold a lower id than the
 // one it waits for, with a higher sequence; the relay, which publishes in
 // id order, would then put them on the wire out of order. NULL parameters
-// stand for no topic, no content type and no headers.
+// stand for no topic, no content type and no headers. A moved or
+// arriving aggregate is treated as in insertEvents.
 const insertEvent = `
 WITH bumped AS (
     INSERT INTO {schema}.sequences AS s (aggregate_type, aggregate_id, last_seq)
     VALUES ($3, $4, 1)
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + 1
-    RETURNING last_seq
+        WHERE s.moved_to IS NULL
+    RETURNING last_seq, arriving_from, arriving_move
 )
 INSERT INTO {schema}.events (event_id, idempotency_key, aggregate_type, aggregate_id, aggregate_seq,
-                             event_type, topic, content_type, payload, headers)
-SELECT $1::uuid, $2, $3, $4, last_seq, $5, $6::text, $7::text, $8, coalesce($9::jsonb, '{}')
-FROM bumped
+                             event_type, topic, content_type, payload, headers,
+                             attempts, next_attempt_at, last_error)
+SELECT $1::uuid, $2, $3, $4, b.last_seq, $5, $6::text, $7::text, $8, coalesce($9::jsonb, '{}'),
+       {held}
+FROM bumped b
 RETURNING id, aggregate_seq{wake}`
 
 // wakeColumns are the last columns of a write's RETURNING when the write
@@ -153,11 +207,14 @@ func writer(schema string) Writer {
 	wake := Fill(wakeColumns, schema, "{channel}", WakeChannel(schema),
 		"{wake_key}", strconv.Itoa(int(WakeLockKey(schema))), "{slot_ms}", strconv.Itoa(WakeSlotMillis),
 		"{none}", strconv.Itoa(WakeNoneIdle), "{other}", strconv.Itoa(WakeOtherNotifies), "{notified}", strconv.Itoa(WakeNotified))
-	build := func(sql, wakeColumns string) string { return Fill(sql, schema, "{wake}", wakeColumns) }
+	build := func(sql, wakeColumns string) string {
+		return Fill(sql, schema, "{wake}", wakeColumns, "{held}", heldColumns)
+	}
 	return Writer{
 		InsertOne:      build(insertEvent, ""),
 		InsertOneWake:  build(insertEvent, wake),
 		InsertMany:     build(insertEvents, ""),
 		InsertManyWake: build(insertEvents, wake),
+		Moved:          Fill(moved, schema),
 	}
 }

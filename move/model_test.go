@@ -1,0 +1,260 @@
+package move_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+
+	"github.com/d419a114/outbox/move"
+	"github.com/d419a114/outbox/producer"
+)
+
+// TestModel interleaves writes on either shard, publishing on either
+// shard, moves back and forth taken one step at a time, and Resume after
+// any step, and checks every Write's outcome against a model of where the
+// aggregate lives. Whatever the interleaving, the events published from
+// both shards, in the order they were published, are sequences 1, 2, 3...
+// of the aggregate: no gap, no number used twice, no reorder; and at the
+// end, once everything is published, every event written is among them.
+func TestModel(t *testing.T) {
+	t.Parallel()
+	shards := [2]*side{newSide(t, "a"), newSide(t, "b")}
+	var iteration atomic.Int64
+	rapid.Check(t, func(rt *rapid.T) {
+		h := &modelRun{t: rt, sides: shards, agg: fmt.Sprintf("m%d", iteration.Add(1))}
+		steps := rapid.IntRange(1, 40).Draw(rt, "steps")
+		for range steps {
+			switch rapid.SampledFrom([]string{"write", "write", "publish", "start", "step", "step", "resume"}).Draw(rt, "op") {
+			case "write":
+				h.write(rapid.IntRange(0, 1).Draw(rt, "shard"))
+			case "publish":
+				h.publish(rapid.IntRange(0, 1).Draw(rt, "shard"))
+			case "start":
+				h.start()
+			case "step":
+				h.step()
+			case "resume":
+				h.resume()
+			}
+		}
+		h.finish()
+	})
+}
+
+// modelRun is one sequence of the model on its own aggregate.
+type modelRun struct {
+	t     *rapid.T
+	sides [2]*side
+	agg   string
+	// home is the shard the aggregate lives on when no move is under way.
+	home int
+	// known says whether a shard has the aggregate's sequence row: a
+	// write on a shard without one would number the aggregate there on its
+	// own, which is the application's mistake, not the move's.
+	known [2]bool
+	// written counts the events written; wire are the sequences
+	// published, in publishing order.
+	written int64
+	wire    []int64
+	// mv is the move under way, if any: its id, from and to, and how
+	// many steps of it are done (1 prepare, 2 close, 3 open, 4 drain,
+	// 5 release, 6 finished).
+	mv *modelMove
+	n  int
+}
+
+type modelMove struct {
+	id       string
+	from, to int
+	done     int
+}
+
+var modelCfg = &move.Config{PollInterval: time.Millisecond, Logger: quiet}
+
+func (h *modelRun) endpoints(m *modelMove) (move.Endpoint, move.Endpoint) {
+	return h.sides[m.from].ep, h.sides[m.to].ep
+}
+
+// expect says what a write on shard x does now: ok (and whether held), or
+// refused naming which shard and whether arriving; skip when the model
+// does not write there.
+func (h *modelRun) expect(x int) (ok, held bool, to string, arriving, skip bool) {
+	name := func(i int) string { return h.sides[i].ep.Shard.Name }
+	if m := h.mv; m != nil {
+		switch {
+		case x == m.from && m.done < 2:
+			return true, false, "", false, false
+		case x == m.from:
+			return false, false, name(m.to), false, false
+		case m.done == 0:
+			if !h.known[x] {
+				return false, false, "", false, true
+			}
+			return false, false, name(m.from), false, false
+		case m.done < 3:
+			return false, false, name(m.from), true, false
+		default:
+			return true, m.done < 5, "", false, false
+		}
+	}
+	if x == h.home {
+		return true, false, "", false, false
+	}
+	if !h.known[x] {
+		return false, false, "", false, true
+	}
+	return false, false, name(h.home), false, false
+}
+
+func (h *modelRun) write(x int) {
+	ok, held, to, arriving, skip := h.expect(x)
+	if skip {
+		return
+	}
+	ctx := context.Background()
+	s := h.sides[x]
+	tx, err := s.db.Pool.Begin(ctx)
+	require.NoError(h.t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	out, err := s.w.Write(ctx, tx, producer.Event{AggregateType: "order", AggregateID: h.agg, EventType: "e"})
+	if !ok {
+		var me *producer.MovedError
+		require.ErrorAs(h.t, err, &me, "write on %s", s.ep.Shard.Name)
+		require.Equal(h.t, to, me.To)
+		require.Equal(h.t, arriving, me.Arriving)
+		return
+	}
+	require.NoError(h.t, err, "write on %s", s.ep.Shard.Name)
+	require.NoError(h.t, tx.Commit(ctx))
+	h.written++
+	require.Equal(h.t, h.written, out[0].Seq, "the sequence continues across shards")
+	var isHeld bool
+	require.NoError(h.t, s.db.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT next_attempt_at = 'infinity' FROM %s WHERE id = $1`, s.db.Table("events")), out[0].ID).Scan(&isHeld))
+	require.Equal(h.t, held, isHeld, "held while arriving")
+	h.known[x] = true
+}
+
+// publish does what a relay of shard x would: publish the aggregate's due
+// events in id order.
+func (h *modelRun) publish(x int) {
+	s := h.sides[x]
+	rows, err := s.db.Pool.Query(context.Background(), fmt.Sprintf(`
+WITH p AS (
+    UPDATE %s SET published_at = clock_timestamp()
+    WHERE aggregate_id = $1 AND published_at IS NULL AND (attempts = 0 OR next_attempt_at <= now())
+    RETURNING id, aggregate_seq)
+SELECT aggregate_seq FROM p ORDER BY id`, s.db.Table("events")), h.agg)
+	require.NoError(h.t, err)
+	for rows.Next() {
+		var seq int64
+		require.NoError(h.t, rows.Scan(&seq))
+		h.wire = append(h.wire, seq)
+	}
+	require.NoError(h.t, rows.Err())
+	for i, seq := range h.wire {
+		require.Equal(h.t, int64(i+1), seq, "published in sequence order with no gap: %v", h.wire)
+	}
+}
+
+func (h *modelRun) start() {
+	if h.mv != nil {
+		return
+	}
+	h.n++
+	h.mv = &modelMove{id: fmt.Sprintf("%s-%d", h.agg, h.n), from: h.home, to: 1 - h.home}
+}
+
+// undelivered counts the aggregate's unpublished events on shard x.
+func (h *modelRun) undelivered(x int) int64 {
+	s := h.sides[x]
+	var n int64
+	require.NoError(h.t, s.db.Pool.QueryRow(context.Background(), fmt.Sprintf(
+		`SELECT count(*) FROM %s WHERE aggregate_id = $1 AND published_at IS NULL`, s.db.Table("events")), h.agg).Scan(&n))
+	return n
+}
+
+// step takes the move's next step, by running it again with its id and
+// stopping after that step.
+func (h *modelRun) step() {
+	m := h.mv
+	if m == nil {
+		return
+	}
+	next := m.done + 1
+	if next >= 4 && h.undelivered(m.from) > 0 {
+		return // the drain would wait for the source's relay
+	}
+	from, to := h.endpoints(m)
+	cfg := &move.Config{ID: m.id, PollInterval: modelCfg.PollInterval, Logger: quiet}
+	if next < 6 {
+		cfg = move.StopAfter(cfg, next)
+	}
+	_, err := move.Run(context.Background(), from, to, []move.Aggregate{{Type: "order", ID: h.agg}}, cfg)
+	if next < 6 {
+		require.ErrorIs(h.t, err, move.ErrStopped)
+		m.done = next
+		return
+	}
+	require.NoError(h.t, err)
+	h.arrived()
+}
+
+func (h *modelRun) arrived() {
+	h.home, h.known[h.mv.to], h.mv = h.mv.to, true, nil
+}
+
+// resume is what an operator does after a crash: Resume finishes a move
+// whose target was opened and rolls back the others.
+func (h *modelRun) resume() {
+	m := h.mv
+	if m == nil {
+		return
+	}
+	if m.done >= 3 && h.undelivered(m.from) > 0 {
+		return // it would wait for the source's relay
+	}
+	from, to := h.endpoints(m)
+	err := move.Resume(context.Background(), m.id, from, to, modelCfg)
+	switch {
+	case m.done == 0:
+		require.ErrorIs(h.t, err, move.ErrUnknownMove)
+		h.mv = nil
+	case m.done < 3:
+		require.NoError(h.t, err)
+		st, err := move.Get(context.Background(), m.id, from, to)
+		require.NoError(h.t, err)
+		require.Equal(h.t, move.RolledBack, st.State)
+		h.known[m.to], h.mv = true, nil
+	default:
+		require.NoError(h.t, err)
+		h.arrived()
+	}
+}
+
+// finish publishes everything and completes a move under way, then
+// checks that every event written went out, in order.
+func (h *modelRun) finish() {
+	h.publish(h.home)
+	if m := h.mv; m != nil {
+		h.publish(m.from)
+		for h.mv != nil {
+			h.step()
+		}
+	}
+	h.publish(0)
+	h.publish(1)
+	require.Len(h.t, h.wire, int(h.written), "every event written is published")
+	for i := range h.sides {
+		require.Zero(h.t, h.undelivered(i), "nothing stays held on shard %d", i)
+	}
+	if h.mv == nil {
+		return
+	}
+	require.Fail(h.t, "move left under way", errors.New(h.mv.id))
+}
