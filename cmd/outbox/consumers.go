@@ -58,7 +58,7 @@ func consumers(ctx context.Context, e *env) error {
 		rows = append(rows, r)
 	}
 	if e.format == "json" {
-		return writeJSON(e.out, rows)
+		return e.writeJSON(rows)
 	}
 	cells := make([][]string, 0, len(rows))
 	for _, r := range rows {
@@ -66,7 +66,7 @@ func consumers(ctx context.Context, e *env) error {
 			strconv.FormatInt(r.ParkedAggregates, 10), age(r.OldestGapSeconds), strconv.FormatInt(r.ProcessedKeys, 10),
 			age(r.OldestKeySeconds), fmt.Sprintf("%.0f%%", 100*r.KeyHorizonUsed)})
 	}
-	return table(e.out, []string{"CONSUMER", "LIVE", "LETTERS", "PARKED", "AGGS", "OLDEST GAP", "KEYS", "OLDEST KEY", "HORIZON"}, cells,
+	return e.table([]string{"CONSUMER", "LIVE", "LETTERS", "PARKED", "AGGS", "OLDEST GAP", "KEYS", "OLDEST KEY", "HORIZON"}, cells,
 		[]int{16, 0, 0, 0, 0, 0, 0, 0, 0})
 }
 

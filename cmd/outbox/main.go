@@ -133,6 +133,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if !ok {
 		return usageError("unknown command %q", cmd)
 	}
+	if done, err := inFleet(ctx, cmd, o, out); done {
+		return err
+	}
 	if o.database == "" {
 		return withCode(exitUsage, errors.New("no database: set DATABASE_URL or pass -database"))
 	}
@@ -145,7 +148,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	e := &env{pool: pool, reads: reads, opts: o, out: out, cmd: cmd}
+	e := &env{pool: pool, db: pool, reads: reads, opts: o, out: out, cmd: cmd}
 	if cmd != "migrate" {
 		if err := outbox.CheckMigrated(ctx, pool, o.schema); err != nil {
 			return err
@@ -184,12 +187,19 @@ func (e *env) knownConsumer(ctx context.Context) error {
 
 // env is what a command runs with.
 type env struct {
+	// pool is the database, nil when the command runs on one shard of a
+	// fleet: the commands that read use db.
 	pool *pgxpool.Pool
+	// db is pool, or the shard's one connection in a fleet.
+	db outbox.DB
 	// reads is the consumer tables' Inspector in pool and -schema.
 	reads *consumer.Inspector
 	*opts
 	out io.Writer
 	cmd string
+	// answer, when the command runs on one shard of a fleet, keeps its
+	// table or JSON value instead of writing them to out.
+	answer *shardAnswer
 }
 
 // handlers are the commands that need the database, by name.
