@@ -187,13 +187,19 @@ func runFleet(ctx context.Context, cmd string, o *opts, list []shard.Shard, out 
 			failed = append(failed, a.shard)
 		}
 	}
+	var total any
+	var totalRows [][]string
+	if cmd == "consumers" {
+		total, totalRows = consumerTotals(answers)
+	}
 	var err error
-	if cmd == "health" {
+	switch {
+	case cmd == "health":
 		err = fleetHealth(out, o.format, answers)
-	} else if o.format == "json" {
-		err = fleetJSON(out, answers)
-	} else {
-		err = fleetTable(out, answers)
+	case o.format == "json":
+		err = fleetJSON(out, answers, total)
+	default:
+		err = fleetTable(out, answers, totalRows)
 	}
 	if err != nil {
 		return err
@@ -242,8 +248,9 @@ func timedOut(ctx context.Context, d time.Duration, err error) error {
 }
 
 // fleetJSON writes each shard's answer as {"shard", "error" or "result"},
-// where result is what the command writes for that shard alone.
-func fleetJSON(out io.Writer, answers []*shardAnswer) error {
+// where result is what the command writes for that shard alone, and the
+// fleet's total when there is one.
+func fleetJSON(out io.Writer, answers []*shardAnswer, total any) error {
 	type shardJSON struct {
 		Shard  string `json:"shard"`
 		Error  string `json:"error,omitempty"`
@@ -258,13 +265,17 @@ func fleetJSON(out io.Writer, answers []*shardAnswer) error {
 		}
 		list = append(list, j)
 	}
+	if total != nil {
+		return writeJSON(out, map[string]any{"shards": list, "total": total})
+	}
 	return writeJSON(out, map[string]any{"shards": list})
 }
 
-// fleetTable writes the shards' tables as one, under a SHARD column; a
-// shard that failed has one row, ERROR, and its error is written in full
-// below the table with what the shards wrote besides their tables.
-func fleetTable(out io.Writer, answers []*shardAnswer) error {
+// fleetTable writes the shards' tables as one, under a SHARD column, then
+// totalRows; a shard that failed has one row, ERROR, and its error is
+// written in full below the table with what the shards wrote besides
+// their tables.
+func fleetTable(out io.Writer, answers []*shardAnswer, totalRows [][]string) error {
 	var header []string
 	var caps []int
 	for _, a := range answers {
@@ -298,7 +309,7 @@ func fleetTable(out io.Writer, answers []*shardAnswer) error {
 			}
 		}
 	}
-	if err := table(out, header, rows, caps); err != nil {
+	if err := table(out, header, append(rows, totalRows...), caps); err != nil {
 		return err
 	}
 	return writeNotes(out, notes)
@@ -353,4 +364,42 @@ func writeNotes(out io.Writer, notes []string) error {
 		}
 	}
 	return nil
+}
+
+// consumerTotals adds up each consumer over the shards that answered: its
+// letters, parked records and aggregates and keys; its oldest gap, oldest
+// key and horizon are the largest, and so is LIVE (a process may beat in
+// every target it applies to). They are the JSON "total" and the table's
+// TOTAL rows, one per consumer.
+func consumerTotals(answers []*shardAnswer) ([]consumerRow, [][]string) {
+	var totals []consumerRow
+	at := map[string]int{}
+	for _, a := range answers {
+		rows, _ := a.value.([]consumerRow)
+		if a.err != nil {
+			continue
+		}
+		for _, r := range rows {
+			i, ok := at[r.Consumer]
+			if !ok {
+				i = len(totals)
+				at[r.Consumer] = i
+				totals = append(totals, consumerRow{Consumer: r.Consumer})
+			}
+			t := &totals[i]
+			t.LiveMembers = max(t.LiveMembers, r.LiveMembers)
+			t.OpenLetters += r.OpenLetters
+			t.ParkedAggregates += r.ParkedAggregates
+			t.ParkedRecords += r.ParkedRecords
+			t.OldestGapSeconds = max(t.OldestGapSeconds, r.OldestGapSeconds)
+			t.ProcessedKeys += r.ProcessedKeys
+			t.OldestKeySeconds = max(t.OldestKeySeconds, r.OldestKeySeconds)
+			t.KeyHorizonUsed = max(t.KeyHorizonUsed, r.KeyHorizonUsed)
+		}
+	}
+	cells := make([][]string, 0, len(totals))
+	for _, t := range consumerCells(totals) {
+		cells = append(cells, append([]string{"TOTAL"}, t...))
+	}
+	return totals, cells
 }

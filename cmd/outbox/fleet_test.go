@@ -60,6 +60,8 @@ VALUES (7, gen_random_uuid(), 'k', 'order', '42', 1, 'order.placed', 'x', '{}', 
 	_, err = a.Pool.Exec(ctx, `INSERT INTO `+a.Table("dead_letters")+` (consumer, topic, kafka_partition, kafka_offset, header_keys, header_values, error, attempts, fingerprint)
 VALUES ('shipping', 'orders', 0, 9, '{}', '{}', 'downstream broken', 5, '\x00')`)
 	require.NoError(t, err)
+	_, err = a.Pool.Exec(ctx, `INSERT INTO `+a.Table("processed_keys")+` (consumer, key, processed_at) VALUES ('billing', 'k1', now() - interval '1 day')`)
+	require.NoError(t, err)
 	url := a.Server.URL
 	down := refused(t)
 	const hostile = "evil\x1b[2J\u202e"
@@ -121,7 +123,10 @@ VALUES ('shipping', 'orders', 0, 9, '{}', '{}', 'downstream broken', 5, '\x00')`
 	require.EqualError(t, err, "1 of 3 shards did not answer: down", "consumer commands read the targets")
 	require.Regexp(t, `(?m)^a\s+shipping\s+0\s+1\s+0\s+0\s+-\s+0\s+-\s+0%$`, out)
 	require.Regexp(t, `(?m)^c\s+billing\s+0\s+0\s+0\s+0\s+-\s+2\s+3d\s+43%$`, out)
+	require.Regexp(t, `(?m)^a\s+billing\s+0\s+0\s+0\s+0\s+-\s+1\s+24h0m0s\s+14%$`, out)
 	require.Regexp(t, `(?m)^down\s+ERROR\s`, out)
+	require.Regexp(t, `(?m)^TOTAL\s+billing\s+0\s+0\s+0\s+0\s+-\s+3\s+3d\s+43%$`, out, "billing over both targets")
+	require.Regexp(t, `(?m)^TOTAL\s+shipping\s+0\s+1\s+0\s+0\s+-\s+0\s+-\s+0%$`, out)
 	for _, line := range strings.Split(out, "\n") {
 		if !strings.HasPrefix(line, "shard ") { // the errors in full
 			require.LessOrEqual(t, len([]rune(line)), 80, "the table fits 80 columns: %q", line)
@@ -136,6 +141,7 @@ VALUES ('shipping', 'orders', 0, 9, '{}', '{}', 'downstream broken', 5, '\x00')`
 			Error  string        `json:"error"`
 			Result []consumerRow `json:"result"`
 		} `json:"shards"`
+		Total []consumerRow `json:"total"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &cs))
 	require.Len(t, cs.Shards, 3)
@@ -143,6 +149,9 @@ VALUES ('shipping', 'orders', 0, 9, '{}', '{}', 'downstream broken', 5, '\x00')`
 	require.Equal(t, "billing", cs.Shards[2].Result[0].Consumer)
 	require.EqualValues(t, 2, cs.Shards[2].Result[0].ProcessedKeys)
 	require.NotEmpty(t, cs.Shards[1].Error)
+	require.Len(t, cs.Total, 2)
+	require.Equal(t, "billing", cs.Total[0].Consumer)
+	require.EqualValues(t, 3, cs.Total[0].ProcessedKeys, "the keys of both targets")
 
 	out, err = exec("letters", "list")
 	require.Equal(t, exitError, exitCode(err))
