@@ -71,6 +71,10 @@ var usage = `usage:
 FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failure F -since D -until D
   (-since/-until: a duration ago, such as 2h, or an RFC 3339 time; -reason: ` + reasonNames() + `)
 Every command takes -schema (default outbox) and -database (default $DATABASE_URL).
+Fleet: health, dead list, consumers, letters list, gaps list and requests take -fleet FILE
+  (or -database repeated) and answer per shard, 8 shards at once, each within -shard-timeout;
+  producer commands read the file's "shards", consumer commands its "targets". Commands that
+  change data take -fleet with -shard NAME. A shard that did not answer exits 1.
 Exit codes: 0 done, 1 could not run, 2 usage, 3 not found, 4 the action failed, 5 -wait ran out.`
 
 var errUsage = errors.New(usage)
