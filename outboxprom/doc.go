@@ -23,4 +23,8 @@
 // the registerer it is given: one RelayMetrics per registry (wrap the
 // registerer with prometheus.WrapRegistererWith to run several relays in
 // one process), and one ConsumerMetrics per consumer name.
+//
+// A process that serves a fleet of shards registers each shard's
+// collectors through ForShard(reg, shard.Name): every series then carries
+// a shard label, and the alert rules in monitoring/ fire per shard.
 package outboxprom

@@ -108,3 +108,56 @@ func ExampleNewHealthCollector() {
 	// # TYPE outbox_events_undelivered gauge
 	// outbox_events_undelivered 2
 }
+
+// One registry serves the health of every shard of a fleet: each shard's
+// collector registers through ForShard, and its series carry the shard.
+// Relay and consumer metrics take ForShard's registerer the same way.
+func ExampleForShard() {
+	ctx := context.Background()
+	shards := []string{"eu-1", "us-1"}
+	reg := prometheus.NewRegistry()
+	for i, name := range shards {
+		db, closeDB, err := pgtest.Open(nil)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		defer func() { _ = closeDB() }()
+		w := producer.NewWriter(&producer.WriterConfig{Schema: db.Schema})
+		for range i {
+			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				_, err := w.Write(ctx, tx, producer.Event{AggregateType: "order", AggregateID: "o-1", EventType: "order.placed", Payload: []byte(`{}`)})
+				return err
+			})
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+		}
+		health, err := outboxprom.NewHealthCollector(db.Pool, &outboxprom.HealthConfig{Schema: db.Schema})
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		sr, err := outboxprom.ForShard(reg, name)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if err := sr.Register(health); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	text, err := testutil.GatherAndFormat(reg, expfmt.TypeTextPlain, outboxprom.EventsUndelivered)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Print(string(text))
+	// Output:
+	// # HELP outbox_events_undelivered Events the broker has not acknowledged.
+	// # TYPE outbox_events_undelivered gauge
+	// outbox_events_undelivered{shard="eu-1"} 0
+	// outbox_events_undelivered{shard="us-1"} 1
+}

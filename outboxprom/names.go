@@ -120,6 +120,9 @@ const (
 	LabelTopic = "topic"
 	// LabelPartition is a Kafka partition, in decimal.
 	LabelPartition = "partition"
+	// LabelShard is the name of the shard (shard.Shard.Name) a series
+	// is about, on every series registered through ForShard.
+	LabelShard = "shard"
 	// LabelConsumer is a consumer's name, as given to consumer.New or
 	// consumer.Handle.
 	LabelConsumer = "consumer"

@@ -57,17 +57,25 @@ func consumers(ctx context.Context, e *env) error {
 		}
 		rows = append(rows, r)
 	}
-	if e.format == "json" {
-		return writeJSON(e.out, rows)
+	if e.answer != nil {
+		e.answer.value = rows // for the fleet's total, in either format
 	}
+	if e.format == "json" {
+		return e.writeJSON(rows)
+	}
+	return e.table([]string{"CONSUMER", "LIVE", "LETTERS", "PARKED", "AGGS", "OLDEST GAP", "KEYS", "OLDEST KEY", "HORIZON"}, consumerCells(rows),
+		[]int{16, 0, 0, 0, 0, 0, 0, 0, 0})
+}
+
+// consumerCells are rows as the consumers table shows them.
+func consumerCells(rows []consumerRow) [][]string {
 	cells := make([][]string, 0, len(rows))
 	for _, r := range rows {
 		cells = append(cells, []string{r.Consumer, strconv.Itoa(r.LiveMembers), strconv.FormatInt(r.OpenLetters, 10), strconv.FormatInt(r.ParkedRecords, 10),
 			strconv.FormatInt(r.ParkedAggregates, 10), age(r.OldestGapSeconds), strconv.FormatInt(r.ProcessedKeys, 10),
 			age(r.OldestKeySeconds), fmt.Sprintf("%.0f%%", 100*r.KeyHorizonUsed)})
 	}
-	return table(e.out, []string{"CONSUMER", "LIVE", "LETTERS", "PARKED", "AGGS", "OLDEST GAP", "KEYS", "OLDEST KEY", "HORIZON"}, cells,
-		[]int{16, 0, 0, 0, 0, 0, 0, 0, 0})
+	return cells
 }
 
 // writeJSON writes v as indented JSON.

@@ -29,6 +29,15 @@ type opts struct {
 	wait                     time.Duration
 	by, listen               string
 	keyRetention             time.Duration
+	// databases are the -database flags; database is the one the command
+	// runs on.
+	databases databaseList
+	// fleetFile, shard and shardTimeout are -fleet, -shard and
+	// -shard-timeout.
+	fleetFile, shard string
+	shardTimeout     time.Duration
+	// set are the flags the command line gave.
+	set map[string]bool
 	// args are the positional arguments, wherever they stood among the
 	// flags.
 	args []string
@@ -43,27 +52,36 @@ var filterFlags = []string{"consumer", "topic", "aggregate-type", "aggregate-id"
 var flagsOf = map[string][]string{
 	"migrate":         {"partition-by-day"},
 	"sql":             {"roles"},
-	"health":          {"o"},
-	"dead list":       {"status", "aggregate-type", "aggregate-id", "limit", "o"},
-	"dead replay":     {"by"},
-	"dead discard":    {"by"},
-	"consumers":       {"key-retention", "o"},
-	"letters list":    append([]string{"status", "after", "limit", "group", "o"}, filterFlags...),
-	"letters show":    {"o"},
-	"letters replay":  append([]string{"all", "dry-run", "rate", "wait", "by"}, filterFlags...),
-	"letters discard": append([]string{"all", "dry-run", "rate", "wait", "by"}, filterFlags...),
-	"gaps list":       {"consumer", "aggregate-type", "aggregate-id", "limit", "o"},
-	"gaps resolve":    {"consumer", "aggregate-type", "aggregate-id", "dry-run", "wait", "by"},
-	"requests":        {"consumer", "limit", "o"},
-	"requests cancel": {"by"},
+	"health":          append([]string{"o"}, readFleetFlags...),
+	"dead list":       append([]string{"status", "aggregate-type", "aggregate-id", "limit", "o"}, readFleetFlags...),
+	"dead replay":     {"by", "fleet", "shard"},
+	"dead discard":    {"by", "fleet", "shard"},
+	"consumers":       append([]string{"key-retention", "o"}, readFleetFlags...),
+	"letters list":    append(append([]string{"status", "after", "limit", "group", "o"}, filterFlags...), readFleetFlags...),
+	"letters show":    {"o", "fleet", "shard"},
+	"letters replay":  append([]string{"all", "dry-run", "rate", "wait", "by", "fleet", "shard"}, filterFlags...),
+	"letters discard": append([]string{"all", "dry-run", "rate", "wait", "by", "fleet", "shard"}, filterFlags...),
+	"gaps list":       append([]string{"consumer", "aggregate-type", "aggregate-id", "limit", "o"}, readFleetFlags...),
+	"gaps resolve":    {"consumer", "aggregate-type", "aggregate-id", "dry-run", "wait", "by", "fleet", "shard"},
+	"requests":        append([]string{"consumer", "limit", "o"}, readFleetFlags...),
+	"requests cancel": {"by", "fleet", "shard"},
 	"dashboard":       {"listen"},
 }
+
+// readFleetFlags are the flags of the commands that read a whole fleet.
+var readFleetFlags = []string{"fleet", "shard", "shard-timeout"}
 
 // define adds flag name, bound to its field of o, to fs.
 func define(fs *flag.FlagSet, o *opts, name string) {
 	switch name {
 	case "database":
-		fs.StringVar(&o.database, name, os.Getenv("DATABASE_URL"), "PostgreSQL connection string")
+		fs.Var(&o.databases, name, "PostgreSQL connection string (default $DATABASE_URL); repeated, a fleet of one shard each, named N-DBNAME")
+	case "fleet":
+		fs.StringVar(&o.fleetFile, name, "", "a fleet file (JSON with \"shards\" and \"targets\"); producer commands read its shards, consumer commands its targets")
+	case "shard":
+		fs.StringVar(&o.shard, name, "", "with -fleet or repeated -database: only this shard")
+	case "shard-timeout":
+		fs.DurationVar(&o.shardTimeout, name, 10*time.Second, "with a fleet: each shard's bound to connect and answer")
 	case "schema":
 		fs.StringVar(&o.schema, name, outbox.DefaultSchema, "schema of the outbox tables")
 	case "o":
@@ -120,7 +138,7 @@ func define(fs *flag.FlagSet, o *opts, name string) {
 func flagSet(cmd string, o *opts) *flag.FlagSet {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	o.format, o.limit, o.keyRetention = "table", 100, dedupe.DefaultRetention
+	o.format, o.limit, o.keyRetention, o.shardTimeout = "table", 100, dedupe.DefaultRetention, 10*time.Second
 	for _, name := range append([]string{"database", "schema"}, flagsOf[cmd]...) {
 		define(fs, o, name)
 	}
@@ -161,6 +179,22 @@ func parse(cmd string, args []string) (*opts, error) {
 	}
 	if o.keyRetention <= 0 {
 		return nil, usageError("%s: -key-retention %s: want a positive duration", cmd, o.keyRetention)
+	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	switch {
+	case len(o.databases) == 0:
+		o.database = os.Getenv("DATABASE_URL")
+	case len(o.databases) == 1:
+		o.database = o.databases[0]
+	case fs.Lookup("fleet") == nil:
+		return nil, usageError("%s: -database given %d times: %s runs on one database", cmd, len(o.databases), cmd)
+	}
+	if o.shard != "" && o.fleetFile == "" && len(o.databases) < 2 {
+		return nil, usageError("%s: -shard names a shard of -fleet FILE or of repeated -database; give one of them", cmd)
+	}
+	if o.shardTimeout <= 0 {
+		return nil, usageError("%s: -shard-timeout %s: want a positive duration", cmd, o.shardTimeout)
 	}
 	if o.status == "all" {
 		o.status = ""

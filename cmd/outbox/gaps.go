@@ -61,7 +61,7 @@ func gapsList(ctx context.Context, e *env) error {
 		return err
 	}
 	if e.format == "json" {
-		return writeJSON(e.out, rows)
+		return e.writeJSON(rows)
 	}
 	cells := make([][]string, 0, len(rows))
 	for _, g := range rows {
@@ -76,7 +76,7 @@ func gapsList(ctx context.Context, e *env) error {
 		}
 		cells = append(cells, []string{g.Consumer, g.AggregateType + "/" + g.AggregateID, missing, strconv.Itoa(g.Parked), ago(g.Since), letter})
 	}
-	if err := table(e.out, []string{"CONSUMER", "AGGREGATE", "MISSING", "PARKED", "AGE", "DEAD LETTER"}, cells, []int{14, 24, 0, 0, 0, 0}); err != nil {
+	if err := e.table([]string{"CONSUMER", "AGGREGATE", "MISSING", "PARKED", "AGE", "DEAD LETTER"}, cells, []int{14, 24, 0, 0, 0, 0}); err != nil {
 		return err
 	}
 	if more {

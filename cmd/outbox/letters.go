@@ -102,7 +102,7 @@ func lettersList(ctx context.Context, e *env) error {
 		for _, l := range ls {
 			rows = append(rows, rowOf(l))
 		}
-		return writeJSON(e.out, rows)
+		return e.writeJSON(rows)
 	}
 	rows := make([][]string, 0, len(ls))
 	for _, l := range ls {
@@ -116,7 +116,7 @@ func lettersList(ctx context.Context, e *env) error {
 		rows = append(rows, []string{strconv.FormatInt(l.ID, 10), l.Consumer, agg, seq, string(l.Reason),
 			strconv.Itoa(l.Attempts), ago(l.FirstFailedAt), errorTail(l.Error)})
 	}
-	return table(e.out, []string{"ID", "CONSUMER", "AGGREGATE", "SEQ", "REASON", "TRIES", "AGE", "ERROR"}, rows,
+	return e.table([]string{"ID", "CONSUMER", "AGGREGATE", "SEQ", "REASON", "TRIES", "AGE", "ERROR"}, rows,
 		[]int{0, 12, 16, 0, 0, 0, 0, 0})
 }
 
@@ -163,14 +163,14 @@ func failures(ctx context.Context, e *env) error {
 		for _, f := range fs {
 			out = append(out, failureRow{Failure: f.Failure, Reason: f.Reason, Count: f.Count, Oldest: f.Oldest, Newest: f.Newest, SampleID: f.SampleID})
 		}
-		return writeJSON(e.out, out)
+		return e.writeJSON(out)
 	}
 	rows := make([][]string, 0, len(fs))
 	for _, f := range fs {
 		rows = append(rows, []string{strconv.FormatInt(f.Count, 10), string(f.Reason), ago(f.Oldest), ago(f.Newest),
 			strconv.FormatInt(f.SampleID, 10), f.Failure})
 	}
-	return table(e.out, []string{"COUNT", "REASON", "OLDEST", "NEWEST", "SAMPLE", "FAILURE"}, rows, []int{0, 0, 0, 0, 0, 0})
+	return e.table([]string{"COUNT", "REASON", "OLDEST", "NEWEST", "SAMPLE", "FAILURE"}, rows, []int{0, 0, 0, 0, 0, 0})
 }
 
 // letterDetail is a letter as the show command writes it in JSON: the
@@ -214,7 +214,7 @@ func letterShow(ctx context.Context, e *env) error {
 		d.ValueText = &v
 	}
 	if e.format == "json" {
-		return writeJSON(e.out, d)
+		return e.writeJSON(d)
 	}
 	fmt.Fprintf(e.out, "letter     %d (%s)\nconsumer   %s\nrecord     %s/%d@%d key %q\n", l.ID, l.Status, l.Consumer,
 		l.Record.Topic, l.Record.Partition, l.Record.Offset, l.Record.Key)

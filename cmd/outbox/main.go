@@ -71,6 +71,10 @@ var usage = `usage:
 FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failure F -since D -until D
   (-since/-until: a duration ago, such as 2h, or an RFC 3339 time; -reason: ` + reasonNames() + `)
 Every command takes -schema (default outbox) and -database (default $DATABASE_URL).
+Fleet: health, dead list, consumers, letters list, gaps list and requests take -fleet FILE
+  (or -database repeated) and answer per shard, 8 shards at once, each within -shard-timeout;
+  producer commands read the file's "shards", consumer commands its "targets". Commands that
+  change data take -fleet with -shard NAME. A shard that did not answer exits 1.
 Exit codes: 0 done, 1 could not run, 2 usage, 3 not found, 4 the action failed, 5 -wait ran out.`
 
 var errUsage = errors.New(usage)
@@ -133,6 +137,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if !ok {
 		return usageError("unknown command %q", cmd)
 	}
+	if done, err := inFleet(ctx, cmd, o, out); done {
+		return err
+	}
 	if o.database == "" {
 		return withCode(exitUsage, errors.New("no database: set DATABASE_URL or pass -database"))
 	}
@@ -145,7 +152,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	e := &env{pool: pool, reads: reads, opts: o, out: out, cmd: cmd}
+	e := &env{pool: pool, db: pool, reads: reads, opts: o, out: out, cmd: cmd}
 	if cmd != "migrate" {
 		if err := outbox.CheckMigrated(ctx, pool, o.schema); err != nil {
 			return err
@@ -184,12 +191,19 @@ func (e *env) knownConsumer(ctx context.Context) error {
 
 // env is what a command runs with.
 type env struct {
+	// pool is the database, nil when the command runs on one shard of a
+	// fleet: the commands that read use db.
 	pool *pgxpool.Pool
+	// db is pool, or the shard's one connection in a fleet.
+	db outbox.DB
 	// reads is the consumer tables' Inspector in pool and -schema.
 	reads *consumer.Inspector
 	*opts
 	out io.Writer
 	cmd string
+	// answer, when the command runs on one shard of a fleet, keeps its
+	// table or JSON value instead of writing them to out.
+	answer *shardAnswer
 }
 
 // handlers are the commands that need the database, by name.

@@ -48,8 +48,17 @@ func migrate(ctx context.Context, e *env) error {
 	return nil
 }
 
+// healthRow is a producer's health as the health command writes it in
+// JSON.
+type healthRow struct {
+	Undelivered              int64   `json:"undelivered"`
+	OldestUndeliveredSeconds float64 `json:"oldest_undelivered_seconds"`
+	Dead                     int64   `json:"dead"`
+	OldestUndeliveredError   string  `json:"oldest_undelivered_error"`
+}
+
 func health(ctx context.Context, e *env) error {
-	in, err := producer.NewInspector(e.pool, e.schema)
+	in, err := producer.NewInspector(e.db, e.schema)
 	if err != nil {
 		return err
 	}
@@ -57,9 +66,9 @@ func health(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	if e.format == "json" {
-		return writeJSON(e.out, map[string]any{"undelivered": h.Undelivered,
-			"oldest_undelivered_seconds": h.OldestUndelivered.Seconds(), "dead": h.Dead, "oldest_undelivered_error": h.OldestUndeliveredError})
+	if e.format == "json" || e.answer != nil {
+		return e.writeJSON(healthRow{Undelivered: h.Undelivered, OldestUndeliveredSeconds: h.OldestUndelivered.Seconds(),
+			Dead: h.Dead, OldestUndeliveredError: h.OldestUndeliveredError})
 	}
 	fmt.Fprintf(e.out, "undelivered %d\noldest_undelivered %s\ndead %d\n", h.Undelivered, h.OldestUndelivered.Round(time.Millisecond), h.Dead)
 	if h.OldestUndeliveredError != "" {
@@ -73,7 +82,7 @@ func deadList(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	in, err := producer.NewInspector(e.pool, e.schema)
+	in, err := producer.NewInspector(e.db, e.schema)
 	if err != nil {
 		return err
 	}
@@ -82,14 +91,14 @@ func deadList(ctx context.Context, e *env) error {
 		return err
 	}
 	if e.format == "json" {
-		return writeJSON(e.out, list)
+		return e.writeJSON(list)
 	}
 	rows := make([][]string, 0, len(list))
 	for _, d := range list {
 		rows = append(rows, []string{strconv.FormatInt(d.ID, 10), d.AggregateType + "/" + d.AggregateID, strconv.FormatInt(d.Seq, 10), d.EventType, string(d.Status),
 			strconv.Itoa(d.Attempts), ago(d.LastFailedAt), d.Error})
 	}
-	return table(e.out, []string{"ID", "AGGREGATE", "SEQ", "TYPE", "STATUS", "TRIES", "AGE", "LAST ERROR"}, rows,
+	return e.table([]string{"ID", "AGGREGATE", "SEQ", "TYPE", "STATUS", "TRIES", "AGE", "LAST ERROR"}, rows,
 		[]int{0, 16, 0, 12, 0, 0, 0, 0})
 }
 

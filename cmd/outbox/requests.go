@@ -29,7 +29,7 @@ type requestRow struct {
 }
 
 func requests(ctx context.Context, e *env) error {
-	rs, err := e.operator().List(ctx, e.pool, &operator.ListOpts{Consumer: e.consumer, Limit: e.limit})
+	rs, err := e.operator().List(ctx, e.db, &operator.ListOpts{Consumer: e.consumer, Limit: e.limit})
 	if err != nil {
 		return err
 	}
@@ -42,7 +42,7 @@ func requests(ctx context.Context, e *env) error {
 				Progress: map[string]int64{"matched": p.Matched, "applied": p.Applied, "duplicates": p.Duplicates, "discarded": p.Discarded,
 					"failed": p.Failed, "skipped": p.Skipped, "drained": p.Drained}, Error: r.Error})
 		}
-		return writeJSON(e.out, out)
+		return e.writeJSON(out)
 	}
 	rows := make([][]string, 0, len(rs))
 	for _, r := range rs {
@@ -51,7 +51,7 @@ func requests(ctx context.Context, e *env) error {
 		rows = append(rows, []string{strconv.FormatInt(r.ID, 10), r.Consumer, string(r.Action), string(r.Status), r.RequestedBy,
 			ago(r.RequestedAt), done, strconv.FormatInt(p.Drained, 10), strconv.FormatInt(p.Failed, 10), r.Error})
 	}
-	return table(e.out, []string{"ID", "CONSUMER", "ACTION", "STATUS", "BY", "AGE", "DONE", "DRAINED", "FAILED", "ERROR"}, rows,
+	return e.table([]string{"ID", "CONSUMER", "ACTION", "STATUS", "BY", "AGE", "DONE", "DRAINED", "FAILED", "ERROR"}, rows,
 		[]int{0, 12, 0, 0, 10, 0, 0, 0, 0, 0})
 }
 
