@@ -3,10 +3,12 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -16,6 +18,7 @@ import (
 	"go.uber.org/mock/gomock"
 
 	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/ordering"
 )
@@ -293,4 +296,83 @@ func otherTarget(name string) string {
 		return "b"
 	}
 	return "a"
+}
+
+// routeStream returns n records of each of aggs aggregates in targets a and
+// b, interleaved: a-0, b-0, a-1, b-1, ..., then their second records, and
+// so on.
+func routeStream(aggs, n int) []*kgo.Record {
+	var rs []*kgo.Record
+	for seq := 1; seq <= n; seq++ {
+		for i := range aggs {
+			for _, tgt := range []string{"a", "b"} {
+				agg := fmt.Sprintf("%s-%d", tgt, i)
+				rs = append(rs, rec(agg, int64(seq), fmt.Sprintf("%s-%d", agg, seq)))
+			}
+		}
+	}
+	return rs
+}
+
+// A Consumer that routes: while target b is down, target a's records are
+// applied (all of them above Concurrency 1), but the partition's offset is never committed past b's
+// first record; once b is back, a new run applies b's records in b, skips
+// a's, and commits everything.
+func TestRouteRunner(t *testing.T) {
+	t.Parallel()
+	for _, md := range runnerModes {
+		if md.batchHandler {
+			continue
+		}
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			b := newGroupBundle(t, 1)
+			ts := newRouteTargets(t, "a", "b")
+			const aggs, n = 3, 5
+			recs := routeStream(aggs, n)
+			b.produce(t, recs...)
+			cfg := routeConfig(md.batch, ts)
+			cfg.Concurrency, cfg.CommitInterval = md.concurrency, 10*time.Millisecond
+			start := func() *running {
+				cl := b.client(t, b.group)
+				c, err := consumer.New(nil, cl, "svc", &pathEffects{}, cfg)
+				require.NoError(t, err)
+				ctx, cancel := context.WithCancel(context.Background())
+				r := &running{c: c, cl: cl, cancel: cancel, done: make(chan error, 1)}
+				go func() { r.done <- c.Run(ctx) }()
+				t.Cleanup(func() { r.stop(t) })
+				return r
+			}
+
+			ts[1].pool.down.Store(true)
+			r := start()
+			// At Concurrency 1 a partition goes strictly in offset order:
+			// b's first record holds up the rest (though a batch may have
+			// applied some of a's after it). Above, only b's aggregates wait.
+			applied := aggs * n
+			if md.concurrency <= 1 {
+				applied = 1
+			}
+			eventually.True(t, 30*time.Second, func() bool { rows, _ := ts[0].e.count(t); return rows >= applied }, "target a's records applied")
+			eventually.True(t, 30*time.Second, func() bool { return b.committedAt(t, 0) == 1 }, "offset committed up to b's first record")
+			r.stop(t)
+			require.EqualValues(t, 1, b.committedAt(t, 0), "the last commit does not pass b's first record, whatever a has done")
+
+			ts[1].pool.down.Store(false)
+			start()
+			eventually.True(t, 30*time.Second, func() bool { return b.committedAt(t, 0) == int64(len(recs)) }, "everything committed")
+			want := make([]int64, n)
+			for i := range want {
+				want[i] = int64(i + 1)
+			}
+			for _, rt := range ts {
+				rows, distinct := rt.e.count(t)
+				require.Equal(t, aggs*n, rows, "target %s holds its effects only, each once", rt.name)
+				require.Equal(t, rows, distinct)
+				for i := range aggs {
+					require.Equal(t, want, rt.e.seqs(t, fmt.Sprintf("%s-%d", rt.name, i)))
+				}
+			}
+		})
+	}
 }

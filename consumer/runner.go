@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
 )
 
 // ClientOpts are the options a client needs to be given to New, on top of
@@ -245,7 +247,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
-		return err
+		if c.proc.route == nil || errors.Is(err, outbox.ErrNotMigrated) {
+			return err
+		}
+		// One target out of many unreachable: its records wait (and pin
+		// their partitions' offsets) until it answers; the others go on.
+		c.log.WarnContext(ctx, "consumer: a target database did not answer at start; its records are retried until it does", slog.String("error", err.Error()))
 	}
 	c.logStart(ctx)
 	if parts := takeEarly(c.client); len(parts) > 0 {
