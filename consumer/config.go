@@ -133,6 +133,11 @@ type Config struct {
 	Tracer Tracer
 	// Logger receives the runtime's logs. Default slog.Default().
 	Logger *slog.Logger
+	// Route, when set, makes Handle and New apply each record in the
+	// target database that owns its aggregate; their database argument
+	// must then be nil. Schema is the targets' default schema. Default
+	// nil: one database.
+	Route *Route
 }
 
 func (c *Config) withDefaults() (Config, error) {

@@ -65,7 +65,13 @@ type requestTuning struct {
 // to be taken up again by a process of the consumer (at once, or when its
 // lease runs out), which acts on the letters still open; its counts stay
 // exact.
+//
+// A routing Processor serves the requests of every target, each in its
+// own database, until ctx ends.
 func (p *Processor) ServeRequests(ctx context.Context) error {
+	if p.route != nil {
+		return p.route.each(func(t *Processor) error { return t.ServeRequests(ctx) })
+	}
 	poll := p.cfg.RequestPoll
 	if poll < 0 {
 		poll = time.Second
@@ -182,7 +188,7 @@ func (p *Processor) serveOne(ctx context.Context) (bool, error) {
 		if !within(done, abandonAfter) {
 			p.log.ErrorContext(ctx, "consumer: an operator request's action did not return after ShutdownGrace and the cancel of its context; ending its transaction and going on without it; the request is taken up again when its lease runs out",
 				slog.Int64("request_id", r.ID), slog.Duration("shutdown_grace", p.cfg.ShutdownGrace), slog.Duration("lease", lease))
-			if err := endSessions(context.WithoutCancel(ctx), p.db, p.log, c.open.pids()); err != nil {
+			if err := endSessions(context.WithoutCancel(ctx), p.log, c.open.pids()); err != nil {
 				p.log.ErrorContext(ctx, "consumer: could not end the session of an abandoned operator request's transaction; it ends when its handler returns",
 					slog.Int64("request_id", r.ID), slog.String("error", err.Error()))
 			}

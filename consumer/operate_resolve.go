@@ -27,7 +27,13 @@ import (
 // succeeded) is a Duplicate and just marked replayed. One whose aggregate
 // still misses earlier sequences is refused with ErrNotNext, as Discard
 // refuses it: resolve the earlier gap first.
+//
+// On a routing Processor, call Replay on the target that holds the letter
+// (Target); one that owns no more the letter's aggregate refuses it.
 func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
+	if p.route != nil {
+		return Result{}, errRouting("Replay")
+	}
 	var res Result
 	e := p.entry(ctx, operator.Replay, id, ordering.Aggregate{})
 	err := p.dead.Replay(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
@@ -38,6 +44,9 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 		m, err := parse(l.Record, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 		if err != nil {
 			return fmt.Errorf("consumer: replay %d: %w", id, err)
+		}
+		if err := p.checkOwner(id, m); err != nil {
+			return err
 		}
 		m.Attempt, m.Replayed = 1, true
 		run := p.newRun(m)
@@ -89,7 +98,13 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 // the successors parked behind it, which are applied in order: the first 50
 // in the same transaction, the rest afterwards by DrainReady, as for
 // Replay. It returns how many it applied itself.
+//
+// On a routing Processor, call Discard on the target that holds the
+// letter (Target).
 func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
+	if p.route != nil {
+		return 0, errRouting("Discard")
+	}
 	drained := 0
 	e := p.entry(ctx, operator.Discard, id, ordering.Aggregate{})
 	err := p.dead.Discard(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
@@ -151,7 +166,12 @@ func (p *Processor) discard(ctx context.Context, tx pgx.Tx, id int64, l *deadlet
 // lies further inside the gap, it skips only the missing sequences below
 // the letter and stops there, applying nothing; the letter is then next in
 // line, for Replay or Discard.
+//
+// A routing Processor resolves the gap in the target that owns agg.
 func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int, error) {
+	if p.route != nil {
+		return p.route.resolveGap(ctx, agg)
+	}
 	var (
 		n     int
 		found *ordering.OpenGap

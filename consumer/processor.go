@@ -81,6 +81,13 @@ type Processor struct {
 	applied atomic.Int64
 	// requests tunes ServeRequests; the zero value is production's.
 	requests requestTuning
+	// route is set on a Processor made with [Config.Route], which has no
+	// db of its own and hands each record to one of route's Processors.
+	route *router
+	// target names a routing Processor's target, whose router owner is;
+	// "" and nil on a Processor that is not a target.
+	target string
+	owner  *router
 }
 
 // Handle returns a Processor that applies records for the consumer name
@@ -90,10 +97,27 @@ type Processor struct {
 // processed keys, positions and dead letters: give each consuming service
 // its own. When h is also a BatchHandler, ProcessBatch applies a batch
 // through one HandleBatch call on its happy path.
+//
+// With [Config.Route] set, db must be nil: the Processor routes each record
+// to the target that owns its aggregate (see Route).
 func Handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
-	if db == nil || h == nil {
-		return nil, errors.New("consumer: Handle needs a database and a handler")
+	if cfg != nil && cfg.Route != nil {
+		if db != nil {
+			return nil, errors.New("consumer: both a database and Config.Route given; pass a nil database when Config.Route names the target databases")
+		}
+		if h == nil {
+			return nil, errors.New("consumer: Handle needs a handler")
+		}
+		return handleRouted(name, h, cfg)
 	}
+	if db == nil || h == nil {
+		return nil, errors.New("consumer: Handle needs a database (or Config.Route) and a handler")
+	}
+	return handle(db, name, h, cfg)
+}
+
+// handle is Handle for one database.
+func handle(db DB, name string, h Handler, cfg *Config) (*Processor, error) {
 	if name == "" {
 		return nil, errors.New("consumer: empty consumer name; name the consumer, for example after its service")
 	}
@@ -134,14 +158,27 @@ func (p *Processor) Name() string { return p.name }
 // Inspector returns the Inspector of the Processor's database and schema:
 // the reads of its gaps, parked records, positions and dead letters (and
 // those of the schema's other consumers). The Processor's own reads are
-// those with its Name.
+// those with its Name. A routing Processor ([Config.Route]) returns the
+// Inspector of its fallback target; Target(name).Inspector() reads another.
 func (p *Processor) Inspector() *Inspector {
+	if p.route != nil {
+		return p.route.fallback.Inspector()
+	}
 	return newInspector(p.db, p.cfg.Schema)
 }
 
 // appliedCount returns how many records Process and ProcessBatch applied,
 // drained ones included: the Consumer's heartbeat reports it.
-func (p *Processor) appliedCount() int64 { return p.applied.Load() }
+func (p *Processor) appliedCount() int64 {
+	if p.route != nil {
+		var n int64
+		for _, t := range p.route.order {
+			n += t.appliedCount()
+		}
+		return n
+	}
+	return p.applied.Load()
+}
 
 // Process applies rec in its own transaction and returns what happened. A
 // nil error means the record is done with (applied, duplicate, parked or
@@ -153,7 +190,13 @@ func (p *Processor) appliedCount() int64 { return p.applied.Load() }
 // for a Permanent error); then the record is written to the dead-letter
 // table in a transaction of its own, and its aggregate's later records are
 // parked behind it.
+//
+// A routing Processor ([Config.Route]) applies rec in the target that owns
+// its aggregate, or dead-letters it in the fallback target (see Route).
 func (p *Processor) Process(ctx context.Context, rec *kgo.Record) (Result, error) {
+	if p.route != nil {
+		return p.route.process(ctx, rec)
+	}
 	return p.traced(ctx, rec, p.processRecord)
 }
 

@@ -33,7 +33,16 @@ import (
 // as Process's for the first record without a result: that record and the
 // ones after it are not done and must be processed again; the results
 // returned are those of the records before it.
+//
+// A routing Processor ([Config.Route]) splits recs by target and applies
+// each target's records as above, in that target's transactions, one
+// target after another; the records after the first one not done may be
+// done already in their targets, and are skipped by dedupe when given
+// again.
 func (p *Processor) ProcessBatch(ctx context.Context, recs []*kgo.Record) ([]Result, error) {
+	if p.route != nil {
+		return p.route.processBatch(ctx, recs)
+	}
 	return p.tracedBatch(ctx, recs, p.processBatch)
 }
 
@@ -147,7 +156,7 @@ func (b *batchRun) once(ctx context.Context) batchOutcome {
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	defer track(ctx, tx)()
+	defer track(ctx, p, tx)()
 	b.tx = tx
 	defer func() { b.tx = nil }()
 

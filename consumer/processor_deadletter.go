@@ -14,8 +14,16 @@ import (
 
 // deadLetterRecord writes rec to the dead-letter table for cause, without
 // running its handler: the share group runner's seam for a record it
-// cannot finish on its last delivery.
+// cannot finish on its last delivery. A routing Processor writes it in
+// the record's target, or in the fallback target when it has none.
 func (p *Processor) deadLetterRecord(ctx context.Context, rec *kgo.Record, cause error) (Result, error) {
+	if p.route != nil {
+		t, err := p.route.ownerOf(aggregateOf(rec))
+		if err != nil {
+			t = p.route.fallback
+		}
+		return t.deadLetterRecord(ctx, rec, cause)
+	}
 	m, _ := parse(rec, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 	return p.newRun(m).deadLetter(ctx, cause)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
@@ -101,7 +102,7 @@ func (p *Processor) drainRest(ctx context.Context, agg ordering.Aggregate) (int,
 func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int, error) {
 	n := 0
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		defer track(ctx, tx)()
+		defer track(ctx, p, tx)()
 		ok, err := p.ordering.Lock(ctx, tx, agg)
 		if err != nil || !ok {
 			return err
@@ -126,8 +127,17 @@ func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int,
 // at most 50 records each, oldest aggregate first. [Consumer.Run] calls it
 // when it starts, after such an operator action in its own process, and
 // every minute; a poll loop of one's own around Process should call it as
-// well.
+// well. A routing Processor drains every target, all at once.
 func (p *Processor) DrainReady(ctx context.Context) (int, error) {
+	if p.route != nil {
+		var n atomic.Int64
+		err := p.route.each(func(t *Processor) error {
+			d, err := t.DrainReady(ctx)
+			n.Add(int64(d))
+			return err
+		})
+		return int(n.Load()), err
+	}
 	total := 0
 	for {
 		aggs, err := p.ordering.Ready(ctx, p.db, 100)

@@ -127,7 +127,7 @@ func (r *recordRun) try(ctx context.Context) (Result, error) {
 	}
 	defer release()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	defer track(ctx, tx)()
+	defer track(ctx, r.p, tx)()
 	r.tx, r.pre = tx, &pre
 	defer func() { r.tx, r.pre = nil, nil }()
 	res, err := r.apply(ctx)

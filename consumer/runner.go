@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/d419a114/outbox"
 )
 
 // ClientOpts are the options a client needs to be given to New, on top of
@@ -156,11 +158,30 @@ type partition struct {
 // the error says which option to add. To
 // check the last, New calls the client's OnPartitionsRevoked and
 // OnPartitionsLost callbacks once each with no partitions.
+//
+// With [Config.Route] set, db must be nil and the Consumer applies each
+// record in the target that owns it (see Route): each target's pool must
+// allow the connections a pool of a one-database Consumer would, and the
+// drainer, the pruner and the operator requests run for every target. The
+// member's heartbeats (the dashboard's members) go to the fallback target.
 func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consumer, error) {
-	if db == nil || h == nil || client == nil {
-		return nil, errors.New("consumer: New needs a database, a client and a handler")
+	routed := cfg != nil && cfg.Route != nil
+	if (db == nil && !routed) || h == nil || client == nil {
+		return nil, errors.New("consumer: New needs a database (or Config.Route), a client and a handler")
 	}
-	if err := checkPool(db); err != nil {
+	if routed {
+		if db != nil {
+			return nil, errors.New("consumer: both a database and Config.Route given; pass a nil database when Config.Route names the target databases")
+		}
+		for _, t := range cfg.Route.Targets {
+			if t.DB == nil {
+				continue // Handle says so
+			}
+			if err := checkPool(t.DB); err != nil {
+				return nil, fmt.Errorf("target %q: %w", t.Name, err)
+			}
+		}
+	} else if err := checkPool(db); err != nil {
 		return nil, err
 	}
 	if g, _ := client.OptValue(kgo.ShareGroup).(string); g != "" {
@@ -171,7 +192,7 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 		if err != nil {
 			return nil, err
 		}
-		return &Consumer{proc: p, client: client, db: db, name: name, cfg: p.cfg, log: p.log, share: true}, nil
+		return newConsumer(p, client, true), nil
 	}
 	if g, _ := client.OptValue(kgo.ConsumerGroup).(string); g == "" {
 		return nil, errors.New("consumer: client has no consumer group; create it with kgo.ConsumerGroup(name) (or kgo.ShareGroup(name), with Config.Unordered) and kgo.ConsumeTopics(...)")
@@ -189,7 +210,19 @@ func New(db DB, client *kgo.Client, name string, h Handler, cfg *Config) (*Consu
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{proc: p, client: client, db: db, name: name, cfg: p.cfg, log: p.log, lanes: map[partition]*lane{}, watch: watchOf(client)}, nil
+	c := newConsumer(p, client, false)
+	c.lanes, c.watch = map[partition]*lane{}, watchOf(client)
+	return c, nil
+}
+
+// newConsumer returns the Consumer running p on client. A routing p's
+// runner keeps its own rows (heartbeats) in the fallback target.
+func newConsumer(p *Processor, client *kgo.Client, share bool) *Consumer {
+	c := &Consumer{proc: p, client: client, db: p.db, name: p.name, cfg: p.cfg, log: p.log, share: share}
+	if p.route != nil {
+		c.db, c.cfg.Schema = p.route.fallback.db, p.route.fallback.cfg.Schema
+	}
+	return c
 }
 
 // Processor returns the consumer's Processor, for Replay, Discard and
@@ -214,7 +247,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
-		return err
+		if c.proc.route == nil || errors.Is(err, outbox.ErrNotMigrated) {
+			return err
+		}
+		// One target out of many unreachable: its records wait (and pin
+		// their partitions' offsets) until it answers; the others go on.
+		c.log.WarnContext(ctx, "consumer: a target database did not answer at start; its records are retried until it does", slog.String("error", err.Error()))
 	}
 	c.logStart(ctx)
 	if parts := takeEarly(c.client); len(parts) > 0 {

@@ -45,7 +45,7 @@ func (c *Consumer) stopDrainer(ctx context.Context, stop context.CancelFunc, dra
 		return
 	case <-t.C:
 	}
-	if err := endSessions(context.WithoutCancel(ctx), c.db, c.log, c.open.pids()); err != nil {
+	if err := endSessions(context.WithoutCancel(ctx), c.log, c.open.pids()); err != nil {
 		c.log.ErrorContext(ctx, "consumer: could not end the sessions of the drainer's transactions; they end when its handler returns",
 			slog.String("error", err.Error()))
 	}

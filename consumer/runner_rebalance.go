@@ -210,13 +210,13 @@ func (c *Consumer) retire(ctx context.Context, lanes []*lane, lost bool) {
 			l.cancelWork()
 		}
 		if !within(idle, abandonAfter) {
-			var pids []uint32
+			var pids []session
 			for _, l := range lanes {
 				pids = append(pids, l.open.pids()...)
 			}
 			c.log.ErrorContext(ctx, "consumer: handlers did not return after ShutdownGrace and the cancel of their contexts; rolling back their transactions and going on without them",
 				slog.Duration("shutdown_grace", grace), slog.Int("transactions", len(pids)))
-			if err := endSessions(context.WithoutCancel(ctx), c.db, c.log, pids); err != nil {
+			if err := endSessions(context.WithoutCancel(ctx), c.log, pids); err != nil {
 				c.log.ErrorContext(ctx, "consumer: could not end the sessions of abandoned transactions; they end when their handlers return",
 					slog.String("error", err.Error()))
 			}

@@ -107,7 +107,7 @@ func (c *Consumer) shareRound(stop context.Context, batches [][]*kgo.Record, lim
 	}
 	c.log.ErrorContext(stop, "consumer: share group handlers did not return after ShutdownGrace and the cancel of their contexts; rolling back their transactions",
 		slog.Duration("shutdown_grace", c.cfg.ShutdownGrace))
-	if err := endSessions(context.WithoutCancel(stop), c.db, c.log, open.pids()); err != nil {
+	if err := endSessions(context.WithoutCancel(stop), c.log, open.pids()); err != nil {
 		c.log.ErrorContext(stop, "consumer: could not end the sessions of abandoned transactions; they end when their handlers return",
 			slog.String("error", err.Error()))
 	}

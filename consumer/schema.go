@@ -15,8 +15,11 @@ import (
 // [Consumer.Run] calls it first; a poll loop of one's own around Process
 // should call it at start-up: the consumer's own statements would
 // otherwise fail on every record, which says nothing about the records,
-// and be retried for ever.
+// and be retried for ever. A routing Processor checks every target.
 func (p *Processor) CheckSchema(ctx context.Context) error {
+	if p.route != nil {
+		return p.route.each(func(t *Processor) error { return t.CheckSchema(ctx) })
+	}
 	if err := outbox.CheckMigrated(ctx, p.db, p.cfg.Schema); err != nil {
 		return fmt.Errorf("consumer: %w (the consumer's database is the one given to consumer.New or consumer.Handle)", err)
 	}

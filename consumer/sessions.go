@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"maps"
 	"slices"
@@ -13,18 +14,27 @@ import (
 	"github.com/d419a114/outbox/internal/pgpipeline"
 )
 
-// track records tx as open until the returned function runs, in the set
-// ctx carries (see withOpenSet), if any, and in the sets that set is part
-// of, by the server pid of its transaction (pgpipeline.ServerPID), which
-// behind a pooler is not the connection's start-up pid; 0 when it could
-// not be read.
-func track(ctx context.Context, tx pgx.Tx) func() {
+// track records tx, begun on p's database, as open until the returned function
+// runs, in the set ctx carries (see withOpenSet), if any, and in the sets
+// that set is part of, by the server pid of its transaction
+// (pgpipeline.ServerPID), which behind a pooler is not the connection's
+// start-up pid; 0 when it could not be read. The pid is kept with p, on
+// whose database's server it is ended: a routing consumer's targets may be
+// servers of their own.
+func track(ctx context.Context, p *Processor, tx pgx.Tx) func() {
 	pid := pgpipeline.ServerPID(ctx, tx)
 	s, _ := ctx.Value(openKey{}).(*openSet)
 	if s == nil {
 		return func() {}
 	}
-	return s.add(pid)
+	return s.add(session{p: p, pid: pid})
+}
+
+// session is a server session (a backend pid) of a Processor's database.
+// It holds the Processor rather than its DB: a DB need not be comparable.
+type session struct {
+	p   *Processor
+	pid uint32
 }
 
 // openSet counts the open transactions of each database session (backend
@@ -34,15 +44,15 @@ func track(ctx context.Context, tx pgx.Tx) func() {
 type openSet struct {
 	parent *openSet
 	mu     sync.Mutex
-	m      map[uint32]int
+	m      map[session]int
 }
 
 // add counts a transaction open on pid, in s and the sets it is part of,
 // until the returned function runs.
-func (s *openSet) add(pid uint32) func() {
+func (s *openSet) add(pid session) func() {
 	s.mu.Lock()
 	if s.m == nil {
-		s.m = map[uint32]int{}
+		s.m = map[session]int{}
 	}
 	s.m[pid]++
 	s.mu.Unlock()
@@ -61,7 +71,7 @@ func (s *openSet) add(pid uint32) func() {
 }
 
 // pids returns the sessions with an open transaction.
-func (s *openSet) pids() []uint32 {
+func (s *openSet) pids() []session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Collect(maps.Keys(s.m))
@@ -88,27 +98,32 @@ func withOpenSet(ctx context.Context, s *openSet) context.Context {
 // to another client. A pid of 0 (unknown) cannot be ended: that is said at
 // WARN, since only the server's idle_in_transaction_session_timeout (or
 // the pooler's idle_transaction_timeout) then bounds the transaction.
-func endSessions(ctx context.Context, db DB, log *slog.Logger, pids []uint32) error {
+func endSessions(ctx context.Context, log *slog.Logger, pids []session) error {
 	if len(pids) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ids := make([]int64, 0, len(pids))
-	for _, pid := range pids {
-		if pid != 0 {
-			ids = append(ids, int64(pid))
+	ids := map[*Processor][]int64{}
+	unknown := false
+	for _, s := range pids {
+		if s.pid == 0 {
+			unknown = true
+			continue
 		}
+		ids[s.p] = append(ids[s.p], int64(s.pid))
 	}
-	if len(ids) < len(pids) {
+	if unknown {
 		log.WarnContext(ctx, "consumer: cannot end the sessions of abandoned transactions whose server pid could not be read; "+
 			"the server's idle_in_transaction_session_timeout (or the pooler's idle_transaction_timeout) must bound them")
 	}
-	if len(ids) == 0 {
-		return nil
+	var errs []error
+	for p, pids := range ids {
+		if _, err := p.db.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, pids); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	_, err := db.Exec(ctx, `SELECT pg_terminate_backend(pid::integer) FROM unnest($1::bigint[]) AS pid`, ids)
-	return err
+	return errors.Join(errs...)
 }
 
 // abandonAfter is how long the Consumer waits, once the handlers of
