@@ -169,7 +169,7 @@ func (l *sharedListener) once(ctx context.Context, connected func()) error {
 	l.mu.Lock()
 	var listen strings.Builder
 	for ch := range l.wakes {
-		listen.WriteString("LISTEN " + ch + ";")
+		listen.WriteString(tables.ListenTo(ch) + ";")
 	}
 	l.mu.Unlock()
 	conn, err := pgx.ConnectConfig(ctx, l.cfg)

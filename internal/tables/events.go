@@ -203,6 +203,9 @@ func WakeChannel(schema string) string {
 	return "outbox_" + hex.EncodeToString(sum[:])[:16]
 }
 
+// ListenTo is the statement that listens on channel, a WakeChannel.
+func ListenTo(channel string) string { return "LISTEN " + channel }
+
 func writer(schema string) Writer {
 	wake := Fill(wakeColumns, schema, "{channel}", WakeChannel(schema),
 		"{wake_key}", strconv.Itoa(int(WakeLockKey(schema))), "{slot_ms}", strconv.Itoa(WakeSlotMillis),

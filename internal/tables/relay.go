@@ -98,7 +98,7 @@ func relay(q func(string) string, schema string) Relay {
 		PruneActivity:    members(q).PruneActivity,
 		LockBuckets:      `SELECT b FROM unnest($2::int[]) AS b WHERE pg_try_advisory_lock($1, b) LIMIT $3`,
 		UnlockBuckets:    `SELECT pg_advisory_unlock($1, b) FROM unnest($2::int[]) AS b`,
-		Listen:           "LISTEN " + WakeChannel(schema),
+		Listen:           ListenTo(WakeChannel(schema)),
 		ClaimSession:     claimSession,
 		ClaimNoFlush:     claimNoFlush,
 	}
