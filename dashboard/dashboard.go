@@ -251,14 +251,19 @@ func (d *Dashboard) routes() *http.ServeMux {
 // response, refusals and static files included, carries headers that keep
 // it out of frames, scripts and other sites' referrers.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !admit(&d.cfg, w, r) {
+	serve(&d.cfg, d.mux, w, r)
+}
+
+// serve hands r, once admitted, to mux with cfg's Prefix stripped.
+func serve(cfg *Config, mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
+	if !admit(cfg, w, r) {
 		return
 	}
-	if d.cfg.Prefix != "" {
-		http.StripPrefix(d.cfg.Prefix, d.mux).ServeHTTP(w, r)
+	if cfg.Prefix != "" {
+		http.StripPrefix(cfg.Prefix, mux).ServeHTTP(w, r)
 		return
 	}
-	d.mux.ServeHTTP(w, r)
+	mux.ServeHTTP(w, r)
 }
 
 // admit sets the headers every response carries and refuses, with the

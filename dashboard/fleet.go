@@ -156,14 +156,7 @@ type fleetLink struct {
 // ServeHTTP serves the fleet overview and the shards' dashboards under
 // [Config.Prefix], with the same refusals and headers as [Dashboard].
 func (f *Fleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !admit(&f.cfg, w, r) {
-		return
-	}
-	if f.cfg.Prefix != "" {
-		http.StripPrefix(f.cfg.Prefix, f.mux).ServeHTTP(w, r)
-		return
-	}
-	f.mux.ServeHTTP(w, r)
+	serve(&f.cfg, f.mux, w, r)
 }
 
 // toShard hands a request to its shard's dashboard, which sees its own
@@ -251,11 +244,5 @@ func (f *Fleet) renderError(w http.ResponseWriter, r *http.Request, status int, 
 func (f *Fleet) render(w http.ResponseWriter, r *http.Request, status int, name string, v *view) {
 	v.Base, v.Fleet = f.cfg.Prefix, f.cfg.Prefix+"/"
 	v.Actor, v.CanAct = f.shards[0].dash.actor(r)
-	page := renderPage(f.pages, name, v)
-	if page.err != nil {
-		f.log.ErrorContext(r.Context(), "dashboard: render page failed", slog.String("page", name), slog.String("error", page.err.Error()))
-		http.Error(w, "dashboard: render page "+name+": "+page.err.Error(), http.StatusInternalServerError)
-		return
-	}
-	page.write(w, r, f.log, status)
+	writePage(w, r, f.log, f.pages, name, v, status)
 }

@@ -85,36 +85,24 @@ func (d *Dashboard) renderView(w http.ResponseWriter, r *http.Request, status in
 	}
 	v.Actor, v.CanAct = d.actor(r)
 	v.CSRF = d.token(w, r)
-	page := renderPage(d.pages, name, v)
-	if page.err != nil {
-		d.log.ErrorContext(r.Context(), "dashboard: render page failed", slog.String("page", name), slog.String("error", page.err.Error()))
-		http.Error(w, "dashboard: render page "+name+": "+page.err.Error(), http.StatusInternalServerError)
+	writePage(w, r, d.log, d.pages, name, v, status)
+}
+
+// writePage renders page name of ps with v and sends it with status. A
+// page that fails to render is logged and answered with 500; an error
+// while writing goes to log at DEBUG, the client having gone.
+func writePage(w http.ResponseWriter, r *http.Request, log *slog.Logger, ps pages, name string, v *view, status int) {
+	var buf bytes.Buffer
+	if err := ps[name].ExecuteTemplate(&buf, "layout", v); err != nil {
+		log.ErrorContext(r.Context(), "dashboard: render page failed", slog.String("page", name), slog.String("error", err.Error()))
+		http.Error(w, "dashboard: render page "+name+": "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	page.write(w, r, d.log, status)
-}
-
-// rendered is a page rendered in memory, or why it could not be.
-type rendered struct {
-	buf bytes.Buffer
-	err error
-}
-
-// renderPage renders page name of ps with v.
-func renderPage(ps pages, name string, v *view) *rendered {
-	p := &rendered{}
-	p.err = ps[name].ExecuteTemplate(&p.buf, "layout", v)
-	return p
-}
-
-// write sends the page with status; an error while writing goes to log,
-// the client having gone.
-func (p *rendered) write(w http.ResponseWriter, r *http.Request, log *slog.Logger, status int) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	if _, err := w.Write(p.buf.Bytes()); err != nil {
-		log.DebugContext(r.Context(), "dashboard: write page failed", slog.String("error", err.Error()))
+	if _, err := w.Write(buf.Bytes()); err != nil {
+		log.DebugContext(r.Context(), "dashboard: write page failed", slog.String("page", name), slog.String("error", err.Error()))
 	}
 }
 

@@ -52,16 +52,16 @@ func TestClaimAfterBacklogGrewPastStatistics(t *testing.T) {
 		WHERE published_at IS NULL AND aggregate_seq = 1 AND aggregate_id IN ('agg-1', 'agg-7', 'agg-99')`)
 	require.NoError(t, err)
 
-	read := claimRowsRead(t, db, batch)
+	read, _ := claimPlan(t, db, batch).scanned()
 	t.Logf("the claim read %.0f rows of events", read)
 	require.LessOrEqual(t, read, float64(20*batch), "to claim %d rows of a backlog of %d the claim read %.0f rows of events", batch, backlog, read)
 }
 
-// claimRowsRead runs one claim of batch rows over every bucket, on a
-// session set up as the relay sets up its own (tables.Relay.ClaimSession),
-// under EXPLAIN ANALYZE, rolls it back, and returns how many rows of
-// events the whole plan read.
-func claimRowsRead(t *testing.T, db *pgtest.DB, batch int) float64 {
+// claimPlan runs one claim of batch rows over every bucket, on a session
+// set up as the relay sets up its own (tables.Relay.ClaimSession), under
+// EXPLAIN ANALYZE, rolls it back, checks that it claimed batch rows and
+// returns its plan.
+func claimPlan(t *testing.T, db *pgtest.DB, batch int) *planNode {
 	t.Helper()
 	ctx := context.Background()
 	sql := tables.ProducerFor(db.Schema).Relay
@@ -81,8 +81,7 @@ func claimRowsRead(t *testing.T, db *pgtest.DB, batch int) float64 {
 	require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql.Claim, buckets, batch, 30_000, []int32{}).Scan(&plan))
 	require.Len(t, plan, 1)
 	require.InDelta(t, batch, plan[0].Plan.ActualRows, 0, "rows claimed")
-	read, _ := plan[0].Plan.scanned()
-	return read
+	return &plan[0].Plan
 }
 
 // TestClaimWalksItsBatchNotTheBacklog checks the claim's plan on a table
@@ -124,24 +123,7 @@ FROM generate_series(0, $4 - 1) AS g`
 			_, err = db.Pool.Exec(ctx, insert, "new-", 1_000, nil, backlog)
 			require.NoError(t, err)
 
-			sql := tables.ProducerFor(db.Schema).Relay
-			conn, err := db.Pool.Acquire(ctx)
-			require.NoError(t, err)
-			defer conn.Release()
-			_, err = conn.Exec(ctx, sql.ClaimSession)
-			require.NoError(t, err)
-			tx, err := conn.Begin(ctx)
-			require.NoError(t, err)
-			defer tx.Rollback(ctx)
-			buckets := make([]int32, tables.RelayBuckets)
-			for i := range buckets {
-				buckets[i] = int32(i)
-			}
-			var plan []struct{ Plan planNode }
-			require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql.Claim, buckets, batch, 30_000, []int32{}).Scan(&plan))
-			require.Len(t, plan, 1)
-			require.InDelta(t, batch, plan[0].Plan.ActualRows, 0, "rows claimed")
-			candidates := plan[0].Plan.find("CTE candidates")
+			candidates := claimPlan(t, db, batch).find("CTE candidates")
 			require.NotNil(t, candidates, "the claim's plan has no CTE candidates")
 			read, sorts := candidates.scanned()
 			require.Zero(t, sorts, "the candidates are sorted instead of walked in id order")

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,23 +110,7 @@ func (w *fleetWorld) start(t *testing.T, shards []shard.Shard, cfg *producer.Fle
 	}
 	fleet, err := producer.NewFleet(w.broker.Client(t), shards, &c)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fleet.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(30 * time.Second):
-				t.Fatal("fleet did not return within 30s of cancellation")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return fleet, stop
+	return fleet, runInBackground(t, "fleet", fleet.Run, func() {})
 }
 
 // TestFleetHundredSchemasTenConnections runs one fleet over 100 tenant

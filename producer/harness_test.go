@@ -103,9 +103,16 @@ func (b *bundle) startRelayAnd(t *testing.T, cfg *producer.RelayConfig, opts ...
 	c.Logger = testLogger(t)
 	relay, err = producer.NewRelay(pool, client, &c)
 	require.NoError(t, err)
+	return relay, runInBackground(t, "relay", relay.Run, pool.Close)
+}
+
+// runInBackground runs run until the returned stop (also a cleanup of t)
+// cancels it; stop then waits up to 30s for it to return nil and calls
+// after.
+func runInBackground(t *testing.T, what string, run func(context.Context) error, after func()) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
+	go func() { done <- run(ctx) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -114,13 +121,13 @@ func (b *bundle) startRelayAnd(t *testing.T, cfg *producer.RelayConfig, opts ...
 			case err := <-done:
 				require.NoError(t, err)
 			case <-time.After(30 * time.Second):
-				t.Fatal("relay did not return within 30s of cancellation")
+				t.Fatal(what + " did not return within 30s of cancellation")
 			}
-			pool.Close()
+			after()
 		})
 	}
 	t.Cleanup(stop)
-	return relay, stop
+	return stop
 }
 
 // failUpdates makes the first n statements that update column of the
