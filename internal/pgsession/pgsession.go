@@ -36,15 +36,18 @@ const simple = pgx.QueryExecModeSimpleProtocol
 // A direct connection is recognised in one round trip: the server pid it
 // was given at start-up is the one its statements run in. Behind a pooler
 // the start-up pid is the pooler's own, and the probe takes one more
-// connection, made with conn's config: it opens a transaction there, so
-// that a transaction pooler hands it a server session, and then asks which
-// session conn's next statement runs in. A transaction pooler gives the
-// transaction the server session conn used last, since it hands out the
-// session freed most recently (PgBouncer's default, server_round_robin=0),
-// so conn's next statement runs in another session or waits for one;
-// through a session pooler it runs in the same one. The probe is repeated
-// (probeRounds), since other clients of the pooler may get in between. On
-// failure conn may be closed: the caller discards it.
+// connection, made with conn's config. Each round, conn runs a statement,
+// which must run in the session conn ran in first, and then the other
+// connection opens a transaction, which must not be handed that session.
+// A transaction pooler hands out the server session freed most recently
+// (PgBouncer's default, server_round_robin=0): the other connection's
+// transaction gets the session conn's statement just freed, and conn's
+// next statement gets the one that transaction just freed, so a round
+// fails unless another client takes those sessions in between, every
+// time; with server_round_robin=1, conn's statements move between
+// sessions. Through a session pooler every round passes. The probe is
+// repeated (probeRounds), since other clients of the pooler may get in
+// between. On failure conn may be closed: the caller discards it.
 func Check(ctx context.Context, conn *pgx.Conn) error {
 	var first uint32
 	if err := conn.QueryRow(ctx, pidQuery, simple).Scan(&first); err != nil {
@@ -68,19 +71,32 @@ func Check(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// probeRounds is how often Check probes a pooler's client. Other clients'
-// transactions may take the session conn just used before the probe's
-// does, and leave it free again in time for conn's next statement; a
-// session pooler passes every round, a transaction pooler fails one
-// unless that happens every time. Five rounds let a relay through a busy
-// transaction pooler in CI (its own pool's claims took the session each
-// time); a round costs four local round trips, and only a pooler's client
-// is probed at all.
+// probeRounds is how often Check probes a pooler's client. A transaction
+// pooler's client passes a round only when other clients' transactions
+// take the sessions the probe frees before it takes them again; fifty
+// rounds in a row do not happen (five once let a relay through a busy
+// transaction pooler in CI). The order within a round matters: with the
+// other connection's transaction first, one lucky round made every later
+// one pass, since that transaction's session, freed last, was the one it
+// was handed again. A round costs four local round trips, and only a
+// pooler's client is probed at all.
 const probeRounds = 50
 
-// probe is one round of Check behind a pooler: a transaction on other,
-// then a statement on conn, whose server session was first.
+// probe is one round of Check behind a pooler: a statement on conn, whose
+// server session was first, then a transaction on other.
 func probe(ctx context.Context, conn, other *pgx.Conn, first uint32) error {
+	wctx, cancelWait := context.WithTimeout(ctx, probeTimeout)
+	defer cancelWait()
+	var again uint32
+	err := conn.QueryRow(wctx, pidQuery, simple).Scan(&again)
+	switch {
+	case err != nil && ctx.Err() == nil && wctx.Err() != nil:
+		return fmt.Errorf("%w: its statement waited %s for a server session", ErrNotSession, probeTimeout)
+	case err != nil:
+		return fmt.Errorf("read the server pid again: %w", err)
+	case again != first:
+		return fmt.Errorf("%w: its statements ran in server sessions %d and then %d", ErrNotSession, first, again)
+	}
 	octx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	tx, err := other.Begin(octx)
@@ -94,18 +110,6 @@ func probe(ctx context.Context, conn, other *pgx.Conn, first uint32) error {
 	}
 	if taken == first {
 		return fmt.Errorf("%w: another client's transaction ran in the server session (pid %d) that this connection had just used", ErrNotSession, first)
-	}
-	wctx, cancelWait := context.WithTimeout(ctx, probeTimeout)
-	defer cancelWait()
-	var again uint32
-	err = conn.QueryRow(wctx, pidQuery, simple).Scan(&again)
-	switch {
-	case err != nil && ctx.Err() == nil && wctx.Err() != nil:
-		return fmt.Errorf("%w: its statement waited %s for a server session while another client held one", ErrNotSession, probeTimeout)
-	case err != nil:
-		return fmt.Errorf("read the server pid again: %w", err)
-	case again != first:
-		return fmt.Errorf("%w: its statements ran in server sessions %d and then %d", ErrNotSession, first, again)
 	}
 	return nil
 }
