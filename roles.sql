@@ -80,6 +80,12 @@ GRANT SELECT, INSERT ON {schema}.events TO {operator};
 GRANT SELECT ON {schema}.health TO {operator};
 -- It says which consumers run (a request to one that never ran would wait).
 GRANT SELECT ON {schema}.consumer_members TO {operator};
+-- It moves aggregates between shards (package move, outbox move): it
+-- closes and opens their sequences, records each step in moves and
+-- releases the events the target held.
+GRANT SELECT, INSERT, UPDATE ON {schema}.moves, {schema}.sequences TO {operator};
+GRANT UPDATE ON {schema}.events TO {operator};
+GRANT SELECT ON {schema}.dispatch TO {operator};
 
 -- dashboard: package dashboard served read-only (outbox dashboard). It
 -- reads every table and writes nothing.

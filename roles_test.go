@@ -23,8 +23,10 @@ import (
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/kafkatest"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/move"
 	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/producer"
+	"github.com/d419a114/outbox/shard"
 )
 
 func TestRolesSQLRefusesBadSchemas(t *testing.T) {
@@ -73,12 +75,7 @@ func testRoles(t *testing.T, partitioned bool) {
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, sql)
 	require.NoError(t, err, "the script is idempotent")
-	t.Cleanup(func() {
-		for _, r := range []string{"writer", "relay", "consumer", "operator", "dashboard"} {
-			role := pgx.Identifier{db.Schema + "_" + r}.Sanitize()
-			_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
-		}
-	})
+	t.Cleanup(func() { dropRoles(db) })
 	// The consumer's handler writes to the service's own table, which the
 	// service grants its consumer's login role itself.
 	shipments := db.Table("shipments")
@@ -91,16 +88,7 @@ func testRoles(t *testing.T, partitioned bool) {
 		role := pgx.Identifier{name}.Sanitize()
 		_, err := db.Pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD 'pw'; GRANT `+pgx.Identifier{db.Schema + "_" + component}.Sanitize()+` TO `+role)
 		require.NoError(t, err)
-		u, err := url.Parse(db.Server.URL)
-		require.NoError(t, err)
-		u.User = url.UserPassword(name, "pw")
-		pool, err := pgxpool.New(ctx, u.String())
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			pool.Close()
-			_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
-		})
-		return pool
+		return connectAs(t, db, name)
 	}
 	writerPool, relayPool, consumerPool, operatorPool, dashboardPool :=
 		login("writer"), login("relay"), login("consumer"), login("operator"), login("dashboard")
@@ -215,6 +203,38 @@ func testRoles(t *testing.T, partitioned bool) {
 		d.ServeHTTP(rec, req)
 		require.Equal(t, http.StatusOK, rec.Code, "dashboard %s: %s", path, rec.Body.String())
 	}
+	// operator: moves the aggregate to a second shard (a schema with
+	// roles of its own), where the writer goes on at the next sequence.
+	db2 := pgtest.New(t, &pgtest.Opts{PartitionEventsByDay: partitioned})
+	sql2, err := outbox.RolesSQL(db2.Schema)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, sql2)
+	require.NoError(t, err)
+	t.Cleanup(func() { dropRoles(db2) })
+	mover := "l_" + db.Schema + "_mover"
+	_, err = db.Pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{mover}.Sanitize()+` LOGIN PASSWORD 'pw'; GRANT `+
+		pgx.Identifier{db.Schema + "_operator"}.Sanitize()+`, `+pgx.Identifier{db2.Schema + "_operator"}.Sanitize()+` TO `+pgx.Identifier{mover}.Sanitize())
+	require.NoError(t, err)
+	moverPool := connectAs(t, db, mover)
+	from := move.Endpoint{Shard: shard.Shard{Name: "one", Schema: db.Schema}, DB: moverPool}
+	to := move.Endpoint{Shard: shard.Shard{Name: "two", Schema: db2.Schema}, DB: moverPool}
+	_, err = move.Run(ctx, from, to, []move.Aggregate{{Type: "order", ID: "o-1"}}, &move.Config{PollInterval: 10 * time.Millisecond, Logger: quietLogger})
+	require.NoError(t, err, "operator moves")
+	require.ErrorIs(t, pgx.BeginFunc(ctx, writerPool, func(tx pgx.Tx) error {
+		_, err := w.Write(ctx, tx, producer.Event{AggregateType: "order", AggregateID: "o-1", EventType: "e", Topic: topic})
+		return err
+	}), producer.ErrAggregateMoved, "writer on the source")
+	var seq int64
+	require.NoError(t, pgx.BeginFunc(ctx, db2.Pool, func(tx pgx.Tx) error {
+		out, err := producer.NewWriter(&producer.WriterConfig{Schema: db2.Schema}).Write(ctx, tx,
+			producer.Event{AggregateType: "order", AggregateID: "o-1", EventType: "e", Topic: topic})
+		if err == nil {
+			seq = out[0].Seq
+		}
+		return err
+	}))
+	require.Equal(t, int64(4), seq, "the target goes on at the next sequence")
+
 	// ... and can write nothing.
 	for _, stmt := range []string{
 		`DELETE FROM ` + db.Table("dead_letters"),
@@ -230,3 +250,28 @@ func testRoles(t *testing.T, partitioned bool) {
 }
 
 var quietLogger = slog.New(slog.DiscardHandler)
+
+// dropRoles drops db's schema's group roles from RolesSQL.
+func dropRoles(db *pgtest.DB) {
+	for _, r := range []string{"writer", "relay", "consumer", "operator", "dashboard"} {
+		role := pgx.Identifier{db.Schema + "_" + r}.Sanitize()
+		_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
+	}
+}
+
+// connectAs returns a pool on db's server logged in as role name with
+// password pw, closed and the role dropped when the test ends.
+func connectAs(t *testing.T, db *pgtest.DB, name string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(db.Server.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(name, "pw")
+	pool, err := pgxpool.New(context.Background(), u.String())
+	require.NoError(t, err)
+	role := pgx.Identifier{name}.Sanitize()
+	t.Cleanup(func() {
+		pool.Close()
+		_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role+`; DROP ROLE `+role)
+	})
+	return pool
+}

@@ -36,6 +36,10 @@ type opts struct {
 	// -shard-timeout.
 	fleetFile, shard string
 	shardTimeout     time.Duration
+	// from, to, moveID, aggregates and aggregatesFile are the move
+	// commands' -from, -to, -id, -aggregate (repeated) and -aggregates.
+	from, to, moveID, aggregatesFile string
+	aggregates                       stringList
 	// set are the flags the command line gave.
 	set map[string]bool
 	// args are the positional arguments, wherever they stood among the
@@ -66,7 +70,15 @@ var flagsOf = map[string][]string{
 	"requests":        append([]string{"consumer", "limit", "o"}, readFleetFlags...),
 	"requests cancel": {"by", "fleet", "shard"},
 	"dashboard":       {"listen"},
+	"moves":           append([]string{"limit", "o"}, readFleetFlags...),
+	"move start":      append([]string{"aggregate", "aggregates", "id"}, moveFlags...),
+	"move resume":     moveFlags,
+	"move status":     append([]string{"o"}, moveFlags...),
 }
+
+// moveFlags are the flags of the move commands: the fleet and its two
+// shards.
+var moveFlags = []string{"fleet", "from", "to", "shard-timeout"}
 
 // readFleetFlags are the flags of the commands that read a whole fleet.
 var readFleetFlags = []string{"fleet", "shard", "shard-timeout"}
@@ -126,6 +138,16 @@ func define(fs *flag.FlagSet, o *opts, name string) {
 		fs.StringVar(&o.by, name, whoami(), "who asks, for the audit log")
 	case "key-retention":
 		fs.DurationVar(&o.keyRetention, name, dedupe.DefaultRetention, "the consumers' Config.KeyRetention")
+	case "from":
+		fs.StringVar(&o.from, name, "", "the shard the aggregates leave")
+	case "to":
+		fs.StringVar(&o.to, name, "", "the shard the aggregates go to")
+	case "id":
+		fs.StringVar(&o.moveID, name, "", "the move's id; a move under way with this id continues (default: a new one)")
+	case "aggregate":
+		fs.Var(&o.aggregates, name, "an aggregate to move, TYPE/ID; repeated")
+	case "aggregates":
+		fs.StringVar(&o.aggregatesFile, name, "", "a file of aggregates to move, one TYPE/ID per line")
 	case "listen":
 		fs.StringVar(&o.listen, name, "127.0.0.1:8080", "address to serve on")
 	default:

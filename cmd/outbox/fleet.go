@@ -26,11 +26,11 @@ const fleetParallel = 8
 // readCommands are the commands that read, and run on every shard of a
 // fleet at once; the others change one shard and need -shard.
 var readCommands = map[string]bool{"health": true, "dead list": true, "consumers": true,
-	"letters list": true, "gaps list": true, "requests": true}
+	"letters list": true, "gaps list": true, "requests": true, "moves": true}
 
 // producerCommands read a fleet's "shards"; the others its "targets", the
 // databases consumers apply records in.
-var producerCommands = map[string]bool{"health": true, "dead list": true, "dead replay": true, "dead discard": true}
+var producerCommands = map[string]bool{"health": true, "dead list": true, "dead replay": true, "dead discard": true, "moves": true}
 
 // databaseList is -database, which a command may repeat to name a fleet.
 type databaseList []string
@@ -40,6 +40,17 @@ func (d *databaseList) String() string { return strings.Join(*d, " ") }
 // Set adds one database.
 func (d *databaseList) Set(v string) error {
 	*d = append(*d, v)
+	return nil
+}
+
+// stringList is a flag given once per value, such as -aggregate.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, " ") }
+
+// Set adds one value.
+func (l *stringList) Set(v string) error {
+	*l = append(*l, v)
 	return nil
 }
 

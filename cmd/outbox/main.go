@@ -11,6 +11,8 @@
 //	outbox gaps list|resolve                a consumer's open gaps
 //	outbox requests [-consumer C]           operator requests and their outcome
 //	outbox requests cancel ID               cancel a pending or running request
+//	outbox moves [-o table|json]              moves recorded on the shards
+//	outbox move start|resume|status         move aggregates between shards
 //	outbox dashboard [-listen 127.0.0.1:8080]
 //
 // Replaying or discarding a consumer's letters, and resolving its gaps,
@@ -67,11 +69,14 @@ var usage = `usage:
   outbox gaps resolve -consumer C -aggregate-type T -aggregate-id ID [-wait D] [-by NAME]
   outbox requests [-consumer C] [-limit N] [-o table|json]
   outbox requests cancel [-by NAME] ID
+  outbox moves [-limit N] [-o table|json]
+  outbox move start -fleet FILE -from SHARD -to SHARD (-aggregate TYPE/ID ... | -aggregates FILE) [-id ID]
+  outbox move resume|status -fleet FILE -from SHARD -to SHARD ID
   outbox dashboard [-listen 127.0.0.1:8080]
 FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failure F -since D -until D
   (-since/-until: a duration ago, such as 2h, or an RFC 3339 time; -reason: ` + reasonNames() + `)
 Every command takes -schema (default outbox) and -database (default $DATABASE_URL).
-Fleet: health, dead list, consumers, letters list, gaps list and requests take -fleet FILE
+Fleet: health, dead list, consumers, letters list, gaps list, requests and moves take -fleet FILE
   (or -database repeated) and answer per shard, 8 shards at once, each within -shard-timeout;
   producer commands read the file's "shards", consumer commands its "targets". Commands that
   change data take -fleet with -shard NAME. A shard that did not answer exits 1.
@@ -97,7 +102,7 @@ func whoami() string {
 }
 
 // subcommands are the commands that take a verb.
-var subcommands = map[string]bool{"dead": true, "letters": true, "gaps": true}
+var subcommands = map[string]bool{"dead": true, "letters": true, "gaps": true, "move": true}
 
 // run executes one command line; it is main without the process around it.
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -132,6 +137,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if cmd == "sql" {
 		return printSQL(out)
+	}
+	if strings.HasPrefix(cmd, "move ") {
+		return moveCommand(ctx, cmd, o, out)
 	}
 	h, ok := handlers[cmd]
 	if !ok {
@@ -223,6 +231,7 @@ var handlers = map[string]func(context.Context, *env) error{
 	"requests":        requests,
 	"requests cancel": requestCancel,
 	"dashboard":       serveDashboard,
+	"moves":           movesList,
 }
 
 // serveDashboard serves the dashboard read-only on -listen until interrupted.

@@ -37,6 +37,10 @@ type Moves struct {
 	SetState string
 	// ReopenSource takes the source's writes of move $1's closed aggregates again.
 	ReopenSource string
+	// List reads the moves recorded on the shard, one row per move and
+	// direction, the most recently updated first, at most $1: id,
+	// direction, peer, state, aggregates, started and updated.
+	List string
 	// Status counts move $1's held events (last_error LIKE $2) on the target and the oldest one's creation time.
 	Status string
 }
@@ -114,6 +118,10 @@ WHERE move_id = $1 AND direction = $2 AND state <> $3`),
 FROM {schema}.moves m
 WHERE m.move_id = $1 AND m.direction = 'out' AND m.state = 'closed'
   AND s.aggregate_type = m.aggregate_type AND s.aggregate_id = m.aggregate_id AND s.moved_to = m.peer`),
+		// A direction's rows change state together (SetState), so min is
+		// their one state.
+		List: q(`SELECT move_id, direction, peer, min(state), count(*), min(started_at), max(updated_at)
+FROM {schema}.moves GROUP BY move_id, direction, peer ORDER BY max(updated_at) DESC, move_id, direction LIMIT $1`),
 		Status: q(`SELECT count(*) FILTER (WHERE e.next_attempt_at = 'infinity' AND e.last_error LIKE $2),
        min(e.created_at) FILTER (WHERE e.next_attempt_at = 'infinity' AND e.last_error LIKE $2)
 FROM {schema}.events e
