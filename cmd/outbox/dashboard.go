@@ -28,6 +28,15 @@ const defaultDashboardListen = "127.0.0.1:8080"
 // serves every client that reaches it, whatever name it uses: the command
 // warns so at start.
 func dashboardCmd(ctx context.Context, pool *pgxpool.Pool, schema, listen string, out io.Writer) error {
+	return serveHandler(ctx, listen, "dashboard of schema "+schema, out, func(cfg *dashboard.Config) (http.Handler, error) {
+		cfg.Schema = schema
+		return dashboard.New(pool, cfg)
+	})
+}
+
+// serveHandler serves the dashboard newDashboard makes, read-only, as
+// dashboardCmd says; what names it in the line that gives its URL.
+func serveHandler(ctx context.Context, listen, what string, out io.Writer, newDashboard func(*dashboard.Config) (http.Handler, error)) error {
 	if listen == "" {
 		listen = defaultDashboardListen
 	}
@@ -37,12 +46,12 @@ func dashboardCmd(ctx context.Context, pool *pgxpool.Pool, schema, listen string
 	}
 	ip := net.ParseIP(host)
 	remote := host != "localhost" && (ip == nil || !ip.IsLoopback())
-	cfg := &dashboard.Config{Schema: schema, AllowRemote: remote, Logger: slog.Default()}
+	cfg := &dashboard.Config{AllowRemote: remote, Logger: slog.Default()}
 	if remote {
 		// The command cannot know the names it is reached by.
 		cfg.Hosts = []string{"*"}
 	}
-	d, err := dashboard.New(pool, cfg)
+	d, err := newDashboard(cfg)
 	if err != nil {
 		return err
 	}
@@ -51,7 +60,7 @@ func dashboardCmd(ctx context.Context, pool *pgxpool.Pool, schema, listen string
 		return fmt.Errorf("dashboard: listen on %s (in use? pick another with -listen): %w", listen, err)
 	}
 	srv := &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(out, "dashboard of schema %s, read-only, on http://%s/\n", schema, ln.Addr())
+	fmt.Fprintf(out, "%s, read-only, on http://%s/\n", what, ln.Addr())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {

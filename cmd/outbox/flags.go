@@ -54,7 +54,7 @@ var filterFlags = []string{"consumer", "topic", "aggregate-type", "aggregate-id"
 // which every command takes: a flag another command takes is refused, so
 // that a filter given to the wrong command cannot be silently ignored.
 var flagsOf = map[string][]string{
-	"migrate":         {"partition-by-day"},
+	"migrate":         {"partition-by-day", "fleet", "shard"},
 	"sql":             {"roles"},
 	"health":          append([]string{"o"}, readFleetFlags...),
 	"dead list":       append([]string{"status", "aggregate-type", "aggregate-id", "limit", "o"}, readFleetFlags...),
@@ -69,7 +69,7 @@ var flagsOf = map[string][]string{
 	"gaps resolve":    {"consumer", "aggregate-type", "aggregate-id", "dry-run", "wait", "by", "fleet", "shard"},
 	"requests":        append([]string{"consumer", "limit", "o"}, readFleetFlags...),
 	"requests cancel": {"by", "fleet", "shard"},
-	"dashboard":       {"listen"},
+	"dashboard":       {"listen", "fleet", "shard"},
 	"moves":           append([]string{"limit", "o"}, readFleetFlags...),
 	"move start":      append([]string{"aggregate", "aggregates", "id"}, moveFlags...),
 	"move resume":     moveFlags,

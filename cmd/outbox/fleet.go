@@ -106,9 +106,20 @@ func inFleet(ctx context.Context, cmd string, o *opts, out io.Writer) (done bool
 	if !ok {
 		return false, nil
 	}
+	if o.shard == "" {
+		switch cmd {
+		case "migrate":
+			return true, fleetMigrate(ctx, o, f, out)
+		case "dashboard":
+			return true, fleetDashboard(ctx, o, f, out)
+		}
+	}
 	list, what := f.Targets, "targets"
-	if producerCommands[cmd] {
+	switch {
+	case producerCommands[cmd]:
 		list, what = f.Shards, "shards"
+	case cmd == "migrate" || cmd == "dashboard":
+		list, what = places(f), "shards and targets"
 	}
 	if len(list) == 0 {
 		return true, withCode(exitUsage, fmt.Errorf("%s reads the fleet's %q, and the fleet names none; add them to the file", cmd, what))

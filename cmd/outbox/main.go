@@ -55,7 +55,7 @@ func main() {
 
 // usage is the command line's help; its reasons are deadletter.Reasons.
 var usage = `usage:
-  outbox migrate [-schema outbox] [-partition-by-day]
+  outbox migrate [-schema outbox] [-partition-by-day] [-fleet FILE]
   outbox sql [-roles]
   outbox health [-o table|json]
   outbox dead list [-status dead|replayed|discarded|all] [-aggregate-type T] [-aggregate-id ID] [-o table|json]
@@ -72,7 +72,7 @@ var usage = `usage:
   outbox moves [-limit N] [-o table|json]
   outbox move start -fleet FILE -from SHARD -to SHARD (-aggregate TYPE/ID ... | -aggregates FILE) [-id ID]
   outbox move resume|status -fleet FILE -from SHARD -to SHARD ID
-  outbox dashboard [-listen 127.0.0.1:8080]
+  outbox dashboard [-listen 127.0.0.1:8080] [-fleet FILE]
 FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failure F -since D -until D
   (-since/-until: a duration ago, such as 2h, or an RFC 3339 time; -reason: ` + reasonNames() + `)
 Every command takes -schema (default outbox) and -database (default $DATABASE_URL).
@@ -80,6 +80,7 @@ Fleet: health, dead list, consumers, letters list, gaps list, requests and moves
   (or -database repeated) and answer per shard, 8 shards at once, each within -shard-timeout;
   producer commands read the file's "shards", consumer commands its "targets". Commands that
   change data take -fleet with -shard NAME. A shard that did not answer exits 1.
+  migrate -fleet migrates every shard and target; dashboard -fleet serves the fleet overview.
 Exit codes: 0 done, 1 could not run, 2 usage, 3 not found, 4 the action failed, 5 -wait ran out.`
 
 var errUsage = errors.New(usage)
