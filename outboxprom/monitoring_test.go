@@ -93,3 +93,42 @@ func TestMonitoringQueriesKnownMetrics(t *testing.T) {
 		require.True(t, seen[n], "the dashboard and the alerts never show %s", n)
 	}
 }
+
+// TestDashboardFiltersByShard: every series the Grafana dashboard queries
+// is filtered by its shard variable, which matches the series of a
+// single database (no shard label) too.
+func TestDashboardFiltersByShard(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("monitoring/dashboard.json")
+	require.NoError(t, err)
+	var dash struct {
+		Templating struct {
+			List []struct {
+				Name     string `json:"name"`
+				AllValue string `json:"allValue"`
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dash))
+	var vars []string
+	for _, v := range dash.Templating.List {
+		vars = append(vars, v.Name)
+		if v.Name == "shard" {
+			require.Equal(t, ".*", v.AllValue, "All must match series without a shard label")
+		}
+	}
+	require.Contains(t, vars, "shard")
+	selector := regexp.MustCompile(`outbox_[a-z_]+(\{[^}]*\})?`)
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			for _, m := range selector.FindAllString(q.Expr, -1) {
+				require.Contains(t, m, `shard=~"$shard"`, "%q does not filter by shard", q.Expr)
+			}
+		}
+	}
+}
