@@ -207,7 +207,7 @@ func (h *routeHarness) run(t *rapid.T) {
 		case "poll":
 			h.doPoll(t, h.drawPoll(t), "")
 		case "outage":
-			h.doPoll(t, h.drawPoll(t), rapid.SampledFrom(routeModelTargets).Draw(t, "down"))
+			h.doPoll(t, h.drawPoll(t), rapid.SampledFrom(append([]string{"*"}, routeModelTargets...)).Draw(t, "down"))
 		case "fault":
 			h.drawFault(t)
 		case "heal":
@@ -277,7 +277,8 @@ func (h *routeHarness) ownerOf(r mRecord) (string, bool) {
 }
 
 // modelPoll is the routing Processor's poll of recs in the models, with
-// the target down (if any) failing every record it is given.
+// the target down (every target for "*") failing every record it is
+// given.
 func (h *routeHarness) modelPoll(recs []mRecord, down string) []result {
 	out := make([]result, len(recs))
 	backFrom := func(i int) []result {
@@ -289,7 +290,7 @@ func (h *routeHarness) modelPoll(recs []mRecord, down string) []result {
 	one := func(r mRecord) result {
 		tg, routed := h.ownerOf(r)
 		switch {
-		case tg == down:
+		case tg == down || down == "*":
 			return result{out: outHandedBack}
 		case !routed:
 			h.cov.add("route:poison")
@@ -327,7 +328,7 @@ func (h *routeHarness) modelPoll(recs []mRecord, down string) []result {
 			rs = append(rs, recs[i])
 		}
 		var res []result
-		if tg == down {
+		if tg == down || down == "*" {
 			res = make([]result, len(rs))
 			for j := range res {
 				res[j] = result{out: outHandedBack}
@@ -348,8 +349,9 @@ func (h *routeHarness) modelPoll(recs []mRecord, down string) []result {
 	return out
 }
 
-// doPoll hands recs to the routing Processor, with target down (if not
-// "") down during the poll, and compares with the models.
+// doPoll hands recs to the routing Processor, with target down (every
+// target for "*", none for "") down during the poll, and compares with
+// the models.
 func (h *routeHarness) doPoll(t *rapid.T, recs []mRecord, down string) {
 	if len(recs) == 0 {
 		return
@@ -371,12 +373,12 @@ func (h *routeHarness) doPoll(t *rapid.T, recs []mRecord, down string) {
 		c := *h.recs[mr.rid]
 		krs[j] = &c
 	}
-	if down != "" {
-		h.down[down].on.Store(true)
+	for tg, o := range h.down {
+		o.on.Store(tg == down || down == "*")
 	}
 	got, raw := h.routed.poll(h.ctx, krs)
-	if down != "" {
-		h.down[down].on.Store(false)
+	for _, o := range h.down {
+		o.on.Store(false)
 	}
 	h.pending = nil
 	for i, res := range want {
