@@ -121,10 +121,11 @@ var modelLong = flag.Bool("model.long", false, "TestModel: run 2000 sequences in
 
 var modelChecksOnce sync.Once
 
-// setModelChecks sets rapid's number of checks for TestModel, unless the
-// run chose one with -rapid.checks or RAPID_CHECKS. rapid reads it from its
-// flag only, so the flag is set, once, before any rapid.Check of the
-// package runs (TestModel is its only user).
+// setModelChecks sets rapid's number of checks for TestModel and
+// TestRouteModel, unless the run chose one with -rapid.checks or
+// RAPID_CHECKS. rapid reads it from its flag only, so the flag is set,
+// once, before any rapid.Check of the package runs, and so counts for
+// the package's other rapid tests too.
 func setModelChecks(t *testing.T) {
 	t.Helper()
 	modelChecksOnce.Do(func() {

@@ -196,12 +196,12 @@ func (h *routeHarness) start() error {
 }
 
 func (h *routeHarness) run(t *rapid.T) {
-	steps := rapid.IntRange(1, 24).Draw(t, "steps")
+	steps := rapid.IntRange(1, 16).Draw(t, "steps")
 	for range steps {
 		op := rapid.SampledFrom([]string{
 			"poll", "poll", "poll", "poll", "poll", "poll",
 			"fault", "heal", "target fault", "target heal", "owner fails", "owner heals",
-			"replay", "discard", "resolve", "restart", "outage",
+			"replay", "discard", "resolve", "restart", "outage", "outage",
 		}).Draw(t, "op")
 		switch op {
 		case "poll":
