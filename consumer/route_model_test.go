@@ -21,6 +21,7 @@ import (
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/pgtest"
+	"github.com/d419a114/outbox/operator"
 	"github.com/d419a114/outbox/ordering"
 )
 
@@ -40,8 +41,10 @@ import (
 // TestModel draws them over aggregates owned by a (a1, a2, the binary
 // key's ""), by b (b1, b2, and "u" of the unsequenced records) and by no
 // target (x1), Owner errors for an aggregate and their healing, a fault
-// for every event of one target, polls while one target is down, operator
-// actions on either target and restarts. After every step, per target: the
+// for every event of one target, polls while one target (or both) is
+// down, operator actions on either target (Replay, Discard, ResolveGap
+// through the routing Processor or a target's, and bulk requests served
+// by the owner's request server) and restarts. After every step, per target: the
 // tables (effects, processed keys, positions, parked records, letters,
 // gaps) equal that target's model, every effect is of an aggregate the
 // target owns, and each record's outcome, and its letter, is the model's.
@@ -201,7 +204,7 @@ func (h *routeHarness) run(t *rapid.T) {
 		op := rapid.SampledFrom([]string{
 			"poll", "poll", "poll", "poll", "poll", "poll",
 			"fault", "heal", "target fault", "target heal", "owner fails", "owner heals",
-			"replay", "discard", "resolve", "restart", "outage", "outage",
+			"replay", "discard", "resolve", "restart", "outage", "outage", "bulk",
 		}).Draw(t, "op")
 		switch op {
 		case "poll":
@@ -229,6 +232,8 @@ func (h *routeHarness) run(t *rapid.T) {
 			h.doOperator(t, op, tg, rapid.SampledFrom(open).Draw(t, "letter"), "")
 		case "resolve":
 			h.doOperator(t, op, "", 0, rapid.SampledFrom(routeModelAggs).Draw(t, "aggregate"))
+		case "bulk":
+			h.doBulk(t)
 		case "restart":
 			h.logf("restart")
 			require.NoError(t, h.start())
@@ -255,6 +260,33 @@ func (h *routeHarness) doTargetFault(t *rapid.T, on bool) {
 		}
 	}
 	h.logf("every event of target %s so far: fault %s", tg, f)
+}
+
+// doBulk submits a bulk replay or discard of one aggregate's open letters
+// in the target that owns it, served by that target's Processor, and
+// compares with its model as TestModel's doBulk does. The aggregate is one
+// whose owner Owner names now: a letter of any other in a target is
+// refused by Replay there, which the one-database model does not know.
+func (h *routeHarness) doBulk(t *rapid.T) {
+	var aggs []string
+	h.owner.mu.Lock()
+	for _, agg := range []string{"a1", "a2", "b1", "b2", "u"} {
+		if !h.owner.fails[agg] {
+			aggs = append(aggs, agg)
+		}
+	}
+	h.owner.mu.Unlock()
+	if len(aggs) == 0 {
+		return
+	}
+	agg := rapid.SampledFrom(aggs).Draw(t, "bulk aggregate")
+	action := rapid.SampledFrom([]operator.Action{operator.Replay, operator.Replay, operator.Discard}).Draw(t, "action")
+	tg := ownerOfAggregate(agg)
+	h.logf("bulk in target %s", tg)
+	sub := &modelHarness{ctx: h.ctx, model: h.tm[tg], runs: []*modeRun{h.views[tg]}, cov: h.cov, log: h.log, step: h.step}
+	sub.doBulk(t, action, agg)
+	h.log, h.step = sub.log, sub.step
+	h.check(t)
 }
 
 // ownerOf is the target a record goes to, and false when that is the
