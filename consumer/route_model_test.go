@@ -44,10 +44,11 @@ import (
 // for every event of one target, polls while one target (or both) is
 // down, operator actions on either target (Replay, Discard, ResolveGap
 // through the routing Processor or a target's, and bulk requests served
-// by the owner's request server) and restarts. After every step, per target: the
-// tables (effects, processed keys, positions, parked records, letters,
-// gaps) equal that target's model, every effect is of an aggregate the
-// target owns, and each record's outcome, and its letter, is the model's.
+// by the owner's request server) and restarts. After every step, per
+// target: the tables (effects, processed keys, positions, parked records,
+// letters, gaps) equal that target's model, every effect is of an
+// aggregate the target owns, and each record's outcome, and its letter,
+// is the model's.
 // At the end, faults and Owner healed, everything owed delivered, an
 // operator clears every letter and gap in each target, and every event is
 // applied exactly once in its owner unless it was given up on.
