@@ -121,10 +121,11 @@ var modelLong = flag.Bool("model.long", false, "TestModel: run 2000 sequences in
 
 var modelChecksOnce sync.Once
 
-// setModelChecks sets rapid's number of checks for TestModel, unless the
-// run chose one with -rapid.checks or RAPID_CHECKS. rapid reads it from its
-// flag only, so the flag is set, once, before any rapid.Check of the
-// package runs (TestModel is its only user).
+// setModelChecks sets rapid's number of checks for TestModel and
+// TestRouteModel, unless the run chose one with -rapid.checks or
+// RAPID_CHECKS. rapid reads it from its flag only, so the flag is set,
+// once, before any rapid.Check of the package runs, and so counts for
+// the package's other rapid tests too.
 func setModelChecks(t *testing.T) {
 	t.Helper()
 	modelChecksOnce.Do(func() {
@@ -459,9 +460,14 @@ type modelHarness struct {
 	lastPoll []mRecord
 	nextRid  int64
 	nextKey  int
-	cov      *coverage
-	step     int
-	log      []string
+	// aggs are the aggregates the draws pick from (modelAggs here).
+	aggs []string
+	// models are the models whose faults setFault keeps: model here, each
+	// target's in TestRouteModel.
+	models []*model
+	cov    *coverage
+	step   int
+	log    []string
 }
 
 // mEvent is one event the producer wrote: (agg, seq, key).
@@ -477,8 +483,9 @@ type mEvent struct {
 func newModelHarness(t *rapid.T, db *pgtest.DB, table string, iter int64) *modelHarness {
 	h := &modelHarness{
 		ctx: context.Background(), model: newModel(modelMaxAttempts), faults: &faultSet{m: map[string]fault{}},
-		produced: map[string]int64{}, events: map[string]*mEvent{}, recs: map[int64]*kgo.Record{}, nextRid: 1,
+		produced: map[string]int64{}, events: map[string]*mEvent{}, recs: map[int64]*kgo.Record{}, nextRid: 1, aggs: modelAggs,
 	}
+	h.models = []*model{h.model}
 	for _, md := range modes {
 		name := fmt.Sprintf("model-%d-%s", iter, md.name)
 		mh := &modelHandler{name: name, table: table, faults: h.faults}
@@ -539,13 +546,13 @@ func (h *modelHarness) drawPoll(t *rapid.T) []mRecord {
 		}).Draw(t, "delivery")
 		switch kind {
 		case "next":
-			e := h.produce(t, rapid.SampledFrom(modelAggs).Draw(t, "aggregate"))
+			e := h.produce(t, rapid.SampledFrom(h.aggs).Draw(t, "aggregate"))
 			recs = append(recs, h.instance(mRecord{kind: recGood, agg: e.agg, seq: e.seq, key: e.key}))
 			e.delivered = true
 		case "skip":
 			// Events written but not delivered now: late, or lost for
 			// good (then only an operator's ResolveGap gets past them).
-			agg := rapid.SampledFrom(modelAggs).Draw(t, "aggregate")
+			agg := rapid.SampledFrom(h.aggs).Draw(t, "aggregate")
 			lost := rapid.IntRange(0, 2).Draw(t, "lost") == 0
 			for range rapid.IntRange(1, 2).Draw(t, "skipped") {
 				h.produce(t, agg).lost = lost
@@ -564,7 +571,7 @@ func (h *modelHarness) drawPoll(t *rapid.T) []mRecord {
 				e.delivered = true
 			}
 		case "reuse":
-			agg := rapid.SampledFrom(modelAggs).Draw(t, "aggregate")
+			agg := rapid.SampledFrom(h.aggs).Draw(t, "aggregate")
 			if h.produced[agg] == 0 {
 				continue
 			}
@@ -592,7 +599,7 @@ func (h *modelHarness) drawPoll(t *rapid.T) []mRecord {
 // its own.
 func (h *modelHarness) drawMalformed(t *rapid.T) mRecord {
 	kind := rapid.SampledFrom([]recKind{recBadSeq, recTwoSeqs, recLongKey, recBinaryKey, recBigValue}).Draw(t, "malformed")
-	agg := rapid.SampledFrom(modelAggs).Draw(t, "aggregate")
+	agg := rapid.SampledFrom(h.aggs).Draw(t, "aggregate")
 	seq := rapid.Int64Range(1, h.produced[agg]+2).Draw(t, "seq")
 	h.nextKey++
 	key := fmt.Sprintf("g-%d", h.nextKey)
@@ -623,12 +630,14 @@ func (h *modelHarness) drawNewFault(t *rapid.T, key string) {
 }
 
 func (h *modelHarness) setFault(key string, f fault) {
-	if f == faultNone {
-		delete(h.model.faults, key)
-	} else {
-		h.model.faults[key] = f
+	for _, m := range h.models {
+		if f == faultNone {
+			delete(m.faults, key)
+		} else {
+			m.faults[key] = f
+		}
 	}
-	h.faults.set(h.model.faults)
+	h.faults.set(h.models[0].faults)
 }
 
 func (h *modelHarness) drawFault(t *rapid.T) {
@@ -640,7 +649,7 @@ func (h *modelHarness) drawFault(t *rapid.T) {
 }
 
 func (h *modelHarness) drawHeal(t *rapid.T) {
-	keys := slices.Sorted(maps.Keys(h.model.faults))
+	keys := slices.Sorted(maps.Keys(h.models[0].faults))
 	if len(keys) == 0 {
 		return
 	}
@@ -977,87 +986,91 @@ func (h *modelHarness) check(t *rapid.T) []*snapshot {
 			h.fatalf(t, "%s: snapshot: %v", h.runs[i].md.name, err)
 		}
 	}
-	m := h.model
 	for i, r := range h.runs {
-		s := snaps[i]
-		name := r.md.name
-		// Invariants that hold whatever the model says.
-		seen := map[string]bool{}
-		last := map[string]int64{}
-		applied := map[string][]string{}
-		for _, e := range s.effects {
-			if seen[e.key] {
-				h.fatalf(t, "%s: effect of %s applied twice", name, e.key)
-			}
-			seen[e.key] = true
-			if e.seq > 0 {
-				if e.seq <= last[e.agg] {
-					h.fatalf(t, "%s: %s applied seq %d after %d", name, e.agg, e.seq, last[e.agg])
-				}
-				last[e.agg] = e.seq
-			}
-			if !s.claimed[e.key] {
-				h.fatalf(t, "%s: applied key %s is not claimed", name, e.key)
-			}
-			applied[e.agg] = append(applied[e.agg], e.key)
+		compareWithModel(func(format string, args ...any) { h.fatalf(t, format, args...) }, r.md.name, snaps[i], h.model)
+	}
+	return snaps
+}
+
+// compareWithModel checks one Processor's tables s, named name, against
+// the invariants that hold whatever the model says and against m, and
+// calls fail for the first difference.
+func compareWithModel(fail func(format string, args ...any), name string, s *snapshot, m *model) {
+	// Invariants that hold whatever the model says.
+	seen := map[string]bool{}
+	last := map[string]int64{}
+	applied := map[string][]string{}
+	for _, e := range s.effects {
+		if seen[e.key] {
+			fail("%s: effect of %s applied twice", name, e.key)
 		}
-		gapOf := map[string]ordering.OpenGap{}
-		for _, g := range s.gaps {
-			gapOf[g.Aggregate.ID] = g
-		}
-		for agg, ps := range s.parked {
-			g, ok := gapOf[agg]
-			if !ok {
-				h.fatalf(t, "%s: %d records of %s are parked, but Gaps does not list it", name, len(ps), agg)
+		seen[e.key] = true
+		if e.seq > 0 {
+			if e.seq <= last[e.agg] {
+				fail("%s: %s applied seq %d after %d", name, e.agg, e.seq, last[e.agg])
 			}
-			for seq, p := range ps {
-				if seq <= g.Last+1 {
-					h.fatalf(t, "%s: parked %s:%d is next in line (position %d) but was not drained", name, agg, seq, g.Last)
-				}
-				if !s.claimed[p.key] {
-					h.fatalf(t, "%s: parked %s:%d's key %s is not claimed", name, agg, seq, p.key)
-				}
+			last[e.agg] = e.seq
+		}
+		if !s.claimed[e.key] {
+			fail("%s: applied key %s is not claimed", name, e.key)
+		}
+		applied[e.agg] = append(applied[e.agg], e.key)
+	}
+	gapOf := map[string]ordering.OpenGap{}
+	for _, g := range s.gaps {
+		gapOf[g.Aggregate.ID] = g
+	}
+	for agg, ps := range s.parked {
+		g, ok := gapOf[agg]
+		if !ok {
+			fail("%s: %d records of %s are parked, but Gaps does not list it", name, len(ps), agg)
+		}
+		for seq, p := range ps {
+			if seq <= g.Last+1 {
+				fail("%s: parked %s:%d is next in line (position %d) but was not drained", name, agg, seq, g.Last)
 			}
-		}
-		// The model.
-		for _, agg := range slices.Sorted(maps.Keys(unionKeys(applied, m.applied))) {
-			if !slices.Equal(applied[agg], m.applied[agg]) {
-				h.fatalf(t, "%s: %s applied %v, model %v", name, agg, applied[agg], m.applied[agg])
-			}
-		}
-		if !maps.Equal(s.claimed, m.claimed) {
-			h.fatalf(t, "%s: claimed keys %v, model %v", name, slices.Sorted(maps.Keys(s.claimed)), slices.Sorted(maps.Keys(m.claimed)))
-		}
-		for agg := range unionKeys(s.positions, m.pos) {
-			if got := s.positions[agg]; got[0] != m.pos[agg] || got[1] != int64(len(m.parked[agg])) {
-				h.fatalf(t, "%s: position of %s is %d with %d parked, model %d with %d", name, agg, got[0], got[1], m.pos[agg], len(m.parked[agg]))
-			}
-		}
-		for agg := range unionKeys(s.parked, m.parked) {
-			if !maps.Equal(s.parked[agg], m.parked[agg]) && len(s.parked[agg])+len(m.parked[agg]) > 0 {
-				h.fatalf(t, "%s: parked of %s %v, model %v", name, agg, s.parked[agg], m.parked[agg])
-			}
-		}
-		for rid := range unionKeys(s.letters, m.letters) {
-			got, ok := s.letters[rid]
-			want := m.letters[rid]
-			if !ok || want == nil || got.status != want.status || got.key != want.key || got.seq != want.seq ||
-				(want.seq > 0 && got.agg != want.agg) {
-				h.fatalf(t, "%s: letter of #%d is %+v, model %+v", name, rid, got, want)
-			}
-		}
-		wantGaps := m.gaps()
-		if len(s.gaps) != len(wantGaps) {
-			h.fatalf(t, "%s: gaps %+v, model %+v", name, s.gaps, wantGaps)
-		}
-		for j, g := range s.gaps {
-			w := wantGaps[j]
-			if g.Aggregate.ID != w.agg || g.Expected != w.expected || g.FirstParked != w.firstParked || g.Parked != w.parked || g.DeadLetterSeq != w.letterSeq {
-				h.fatalf(t, "%s: gap %+v, model %+v", name, g, w)
+			if !s.claimed[p.key] {
+				fail("%s: parked %s:%d's key %s is not claimed", name, agg, seq, p.key)
 			}
 		}
 	}
-	return snaps
+	// The model.
+	for _, agg := range slices.Sorted(maps.Keys(unionKeys(applied, m.applied))) {
+		if !slices.Equal(applied[agg], m.applied[agg]) {
+			fail("%s: %s applied %v, model %v", name, agg, applied[agg], m.applied[agg])
+		}
+	}
+	if !maps.Equal(s.claimed, m.claimed) {
+		fail("%s: claimed keys %v, model %v", name, slices.Sorted(maps.Keys(s.claimed)), slices.Sorted(maps.Keys(m.claimed)))
+	}
+	for agg := range unionKeys(s.positions, m.pos) {
+		if got := s.positions[agg]; got[0] != m.pos[agg] || got[1] != int64(len(m.parked[agg])) {
+			fail("%s: position of %s is %d with %d parked, model %d with %d", name, agg, got[0], got[1], m.pos[agg], len(m.parked[agg]))
+		}
+	}
+	for agg := range unionKeys(s.parked, m.parked) {
+		if !maps.Equal(s.parked[agg], m.parked[agg]) && len(s.parked[agg])+len(m.parked[agg]) > 0 {
+			fail("%s: parked of %s %v, model %v", name, agg, s.parked[agg], m.parked[agg])
+		}
+	}
+	for rid := range unionKeys(s.letters, m.letters) {
+		got, ok := s.letters[rid]
+		want := m.letters[rid]
+		if !ok || want == nil || got.status != want.status || got.key != want.key || got.seq != want.seq ||
+			(want.seq > 0 && got.agg != want.agg) {
+			fail("%s: letter of #%d is %+v, model %+v", name, rid, got, want)
+		}
+	}
+	wantGaps := m.gaps()
+	if len(s.gaps) != len(wantGaps) {
+		fail("%s: gaps %+v, model %+v", name, s.gaps, wantGaps)
+	}
+	for j, g := range s.gaps {
+		w := wantGaps[j]
+		if g.Aggregate.ID != w.agg || g.Expected != w.expected || g.FirstParked != w.firstParked || g.Parked != w.parked || g.DeadLetterSeq != w.letterSeq {
+			fail("%s: gap %+v, model %+v", name, g, w)
+		}
+	}
 }
 
 func unionKeys[K comparable, V1, V2 any](a map[K]V1, b map[K]V2) map[K]bool {
