@@ -40,22 +40,28 @@ func TestScenarioManyShards(t *testing.T) {
 	fleets := map[string]*fleetProcess{"a": w.startFleet("a", 1), "b": w.startFleet("b", 1)}
 	incarnations := map[string]int{"a": 1, "b": 1}
 
-	// The moves run alongside the kills, from a source of their own.
-	moves := make(chan moveDone, 1)
-	moveRng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
-	go func() { moves <- w.runMoves(moveRng, aggregates) }()
-
+	// Three of the four fleet kills start a move while the fleet is down,
+	// so that the move waits for the dead fleet's buckets and leases, and
+	// runs alongside the next steps.
+	mv := w.newMover(rng, aggregates)
 	steps := []string{"fleet a", "fleet a", "fleet b", "fleet b", "member", "member", "member"}
 	rng.Shuffle(len(steps), func(i, j int) { steps[i], steps[j] = steps[j], steps[i] })
+	noMove := rng.IntN(4)
 	var log []string
+	fleetKills := 0
 	for i, step := range steps {
 		down := time.Duration(100+rng.IntN(700)) * time.Millisecond
 		if name, ok := strings.CutPrefix(step, "fleet "); ok {
 			n := w.killFleet(fleets[name])
+			what := fmt.Sprintf("kill fleet %s (%d sessions), restart after %v", name, n, down)
+			if fleetKills != noMove {
+				what += ", " + mv.start()
+			}
+			fleetKills++
 			pause(context.Background(), down)
 			incarnations[name]++
 			fleets[name] = w.startFleet(name, incarnations[name])
-			log = append(log, fmt.Sprintf("kill fleet %s (%d sessions), restart after %v", name, n, down))
+			log = append(log, what)
 		} else {
 			m, n := g.kill(rng.IntN(len(g.members)))
 			pause(context.Background(), down)
@@ -64,15 +70,9 @@ func TestScenarioManyShards(t *testing.T) {
 		}
 		g.waitApplied(g.applied()+100+rng.IntN(200), 60*time.Second, fmt.Sprintf("step %d (%v)", i, log))
 	}
+	mv.wait()
 	t.Logf("schedule (members at Concurrency %d): %v", concurrency, log)
-	var done moveDone
-	select {
-	case done = <-moves:
-	case <-time.After(90 * time.Second):
-		t.Fatal("the moves did not finish within 90s of the schedule's end")
-	}
-	require.NoError(t, done.err)
-	t.Logf("moves: %v", done.log)
+	t.Logf("moves: %v", mv.log)
 	g.waitApplied(g.applied()+100, 60*time.Second, "traffic after the last move")
 	stopWriters()
 
@@ -89,58 +89,107 @@ func TestScenarioManyShards(t *testing.T) {
 	require.Greater(t, rep.Committed, 1000, "too little traffic to say anything")
 	require.True(t, rep.OK(), "the history breaks a guarantee (%s=%d reproduces the schedule):\n%s", seedEnv, seed, rep)
 	g.settled()
-	w.checkSequences(done.moved)
+	w.checkSequences(mv.moved)
 }
 
-// moveDone is what runMoves did.
-type moveDone struct {
+// mover moves five aggregates at a time between shards, one move at a
+// time, each between another pair of shards in a random direction, the
+// aggregates chosen among those on the source (so one may move twice). Its
+// methods are for the test's goroutine; a move runs in a goroutine of its
+// own.
+type mover struct {
+	w     *shardWorld
+	rng   *rand.Rand
+	home  []int    // the shard of each aggregate once the moves so far finish
+	pairs [][2]int // the shards of the moves to come
 	moved []string // the aggregates moved, once per move
-	log   []string
-	err   error
+	log   []string // a line per finished move
+	// running delivers the line of the move under way, or its error.
+	running chan moveResult
 }
 
-// runMoves moves five aggregates three times, once between each pair of
-// shards in a random direction, each time chosen among those on the
-// source (so one may move twice), after a random pause.
-func (w *shardWorld) runMoves(rng *rand.Rand, aggregates int) (done moveDone) {
-	home := make([]int, aggregates)
-	for i := range home {
-		home[i] = i % len(w.shards)
+type moveResult struct {
+	line string
+	err  error
+}
+
+func (w *shardWorld) newMover(rng *rand.Rand, aggregates int) *mover {
+	m := &mover{w: w, rng: rng, home: make([]int, aggregates), pairs: [][2]int{{0, 1}, {1, 2}, {2, 0}}}
+	for i := range m.home {
+		m.home[i] = i % len(w.shards)
 	}
-	pairs := [][2]int{{0, 1}, {1, 2}, {2, 0}}
-	rng.Shuffle(len(pairs), func(i, j int) { pairs[i], pairs[j] = pairs[j], pairs[i] })
-	for _, p := range pairs {
-		from, to := p[0], p[1]
-		if rng.IntN(2) == 0 {
-			from, to = to, from
-		}
-		pause(context.Background(), time.Duration(1000+rng.IntN(3000))*time.Millisecond)
-		var on []int
-		for i, h := range home {
-			if h == from {
-				on = append(on, i)
-			}
-		}
-		rng.Shuffle(len(on), func(i, j int) { on[i], on[j] = on[j], on[i] })
-		var aggs []move.Aggregate
-		var names []string
-		for _, i := range on[:5] {
-			aggs = append(aggs, move.Aggregate{Type: "account", ID: aggregateName(i)})
-			names = append(names, aggregateName(i))
-			home[i] = to
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		start := time.Now()
-		id, err := move.Run(ctx, w.shards[from].endpoint(), w.shards[to].endpoint(), aggs, &move.Config{PollInterval: 20 * time.Millisecond, Logger: testLogger(w.t, "move")})
-		cancel()
-		if err != nil {
-			done.err = fmt.Errorf("move %s of %v from %s to %s: %w", id, names, w.shards[from].shard.Name, w.shards[to].shard.Name, err)
-			return done
-		}
-		done.moved = append(done.moved, names...)
-		done.log = append(done.log, fmt.Sprintf("%v %s→%s in %v", names, w.shards[from].shard.Name, w.shards[to].shard.Name, time.Since(start).Round(time.Millisecond)))
+	rng.Shuffle(len(m.pairs), func(i, j int) { m.pairs[i], m.pairs[j] = m.pairs[j], m.pairs[i] })
+	return m
+}
+
+// start waits for the move under way, if any, starts the next one and says
+// which.
+func (m *mover) start() string {
+	m.wait()
+	p := m.pairs[0]
+	m.pairs = m.pairs[1:]
+	from, to := p[0], p[1]
+	if m.rng.IntN(2) == 0 {
+		from, to = to, from
 	}
-	return done
+	var on []int
+	for i, h := range m.home {
+		if h == from {
+			on = append(on, i)
+		}
+	}
+	m.rng.Shuffle(len(on), func(i, j int) { on[i], on[j] = on[j], on[i] })
+	var aggs []move.Aggregate
+	var names []string
+	for _, i := range on[:5] {
+		aggs = append(aggs, move.Aggregate{Type: "account", ID: aggregateName(i)})
+		names = append(names, aggregateName(i))
+		m.home[i] = to
+	}
+	m.moved = append(m.moved, names...)
+	src, dst := m.w.shards[from].endpoint(), m.w.shards[to].endpoint()
+	id := fmt.Sprintf("scn-move-%d", len(m.log)+1)
+	m.running = make(chan moveResult, 1)
+	go func() { m.running <- m.w.runMove(id, src, dst, aggs) }()
+	return fmt.Sprintf("move %s of %v %s→%s", id, names, src.Shard.Name, dst.Shard.Name)
+}
+
+// wait waits for the move under way, if any, and fails the test if it
+// failed.
+func (m *mover) wait() {
+	m.w.t.Helper()
+	if m.running == nil {
+		return
+	}
+	var res moveResult
+	select {
+	case res = <-m.running:
+	case <-time.After(90 * time.Second):
+		m.w.t.Fatal("a move did not return within 90s")
+	}
+	m.running = nil
+	require.NoError(m.w.t, res.err)
+	m.log = append(m.log, res.line)
+}
+
+// runMove runs move id and says how long it took and the most events it
+// saw waited for on the source and held on the target.
+func (w *shardWorld) runMove(id string, src, dst move.Endpoint, aggs []move.Aggregate) moveResult {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan move.Status, 1)
+	go func() { watched <- watchMove(watchCtx, id, src, dst) }()
+	start := time.Now()
+	_, err := move.Run(ctx, src, dst, aggs, &move.Config{ID: id, PollInterval: 20 * time.Millisecond, Logger: testLogger(w.t, "move")})
+	took := time.Since(start)
+	stopWatch()
+	most := <-watched
+	if err != nil {
+		return moveResult{err: fmt.Errorf("move %s from %s to %s: %w", id, src.Shard.Name, dst.Shard.Name, err)}
+	}
+	return moveResult{line: fmt.Sprintf("%s %s→%s in %v (up to %d events waited for on the source, %d held on the target)",
+		id, src.Shard.Name, dst.Shard.Name, took.Round(time.Millisecond), most.Undelivered, most.Held)}
 }
 
 // checkSequences requires that each aggregate's committed sequence numbers
@@ -184,4 +233,17 @@ func (w *shardWorld) checkSequences(moved []string) {
 	}
 	require.Positive(w.t, across, "no moved aggregate was written on both sides of its move")
 	w.t.Logf("%d of %d moved aggregates were written on both sides of their move", across, len(moves))
+}
+
+// watchMove polls the status of move id until ctx ends and returns the
+// most events it saw waited for on the source and held on the target.
+func watchMove(ctx context.Context, id string, from, to move.Endpoint) (most move.Status) {
+	for ctx.Err() == nil {
+		if st, err := move.Get(ctx, id, from, to); err == nil {
+			most.Undelivered = max(most.Undelivered, st.Undelivered)
+			most.Held = max(most.Held, st.Held)
+		}
+		pause(ctx, 10*time.Millisecond)
+	}
+	return most
 }
