@@ -17,7 +17,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
@@ -492,13 +495,19 @@ func (g *routingGroup) start(concurrency int) *routingMember {
 	return m
 }
 
-// kill ends member i as its process' death would end its database work:
-// its sessions on both targets are terminated (transactions in flight roll
-// back), then it is cancelled. Effects committed before the kill whose
-// offsets were not committed come back to the next owner as redeliveries.
+// kill ends member i as its process' death would end its work: its
+// sessions on both targets are terminated (transactions in flight roll
+// back), then it is cancelled. On kfake the broker also refuses the
+// group's offset commits from before the terminate until the member
+// stopped, so that the effects it committed are never acknowledged and
+// come back to the next owner of its partitions as redeliveries.
 func (g *routingGroup) kill(i int) (*routingMember, int) {
 	m := g.members[i]
 	g.members = slices.Delete(g.members, i, i+1)
+	if fake := g.w.broker.Fake; fake != nil {
+		h := fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetCommit}, Group: g.groupName(), Err: kerr.RebalanceInProgress, Count: -1})
+		defer h.Remove()
+	}
 	n := 0
 	for _, tg := range g.w.targets {
 		n += terminateApp(g.w.t, tg.db, m.app)
