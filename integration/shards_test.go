@@ -20,13 +20,15 @@ import (
 // aggregates on all three, each following its aggregates when a Write says
 // they moved; two relay fleets over the three shards, each killed (its
 // sessions on every cluster terminated, its Kafka client closed) and
-// restarted at least twice; a consumer group routing each record to one of
-// two targets by its aggregate, members killed (their sessions on both
-// targets terminated) and restarted; and three moves of five aggregates
-// between different shards while all this goes on. Every committed event
-// must be applied once in its target, each aggregate's effects in dense
-// sequence order across its moves, and each aggregate's committed sequence
-// numbers must be 1..n over the shards it lived on.
+// restarted twice, once alone and once with the other; a consumer group
+// routing each record to one of two targets by its aggregate, members
+// killed (their sessions on both targets terminated; on kfake their offset
+// commits refused too) and restarted; and three moves of five aggregates
+// between different shards, each started while a fleet is down, on a
+// seeded schedule. Every committed event must be applied once in its
+// target, each aggregate's effects in dense sequence order across its
+// moves, and each aggregate's committed sequence numbers must be 1..n over
+// the shards it lived on.
 func TestScenarioManyShards(t *testing.T) {
 	t.Parallel()
 	rng := scenarioRand(t)
@@ -40,28 +42,28 @@ func TestScenarioManyShards(t *testing.T) {
 	fleets := map[string]*fleetProcess{"a": w.startFleet("a", 1), "b": w.startFleet("b", 1)}
 	incarnations := map[string]int{"a": 1, "b": 1}
 
-	// Three of the four fleet kills start a move while the fleet is down,
-	// so that the move waits for the dead fleet's buckets and leases, and
-	// runs alongside the next steps.
+	// Every fleet step starts a move while the fleet is down, so that the
+	// move waits for the dead fleet's buckets and leases (for the
+	// restart, when both are down) and runs alongside the next steps.
 	mv := w.newMover(rng, aggregates)
-	steps := []string{"fleet a", "fleet a", "fleet b", "fleet b", "member", "member", "member"}
+	steps := []string{"fleet a", "fleet b", "fleet a b", "member", "member", "member"}
 	rng.Shuffle(len(steps), func(i, j int) { steps[i], steps[j] = steps[j], steps[i] })
-	noMove := rng.IntN(4)
 	var log []string
-	fleetKills := 0
 	for i, step := range steps {
 		down := time.Duration(100+rng.IntN(700)) * time.Millisecond
-		if name, ok := strings.CutPrefix(step, "fleet "); ok {
-			n := w.killFleet(fleets[name])
-			what := fmt.Sprintf("kill fleet %s (%d sessions), restart after %v", name, n, down)
-			if fleetKills != noMove {
-				what += ", " + mv.start()
+		if names, ok := strings.CutPrefix(step, "fleet "); ok {
+			what := ""
+			for _, name := range strings.Fields(names) {
+				n := w.killFleet(fleets[name])
+				what += fmt.Sprintf("kill fleet %s (%d sessions), ", name, n)
 			}
-			fleetKills++
+			what += mv.start()
 			pause(context.Background(), down)
-			incarnations[name]++
-			fleets[name] = w.startFleet(name, incarnations[name])
-			log = append(log, what)
+			for _, name := range strings.Fields(names) {
+				incarnations[name]++
+				fleets[name] = w.startFleet(name, incarnations[name])
+			}
+			log = append(log, fmt.Sprintf("%s, restart after %v", what, down))
 		} else {
 			m, n := g.kill(rng.IntN(len(g.members)))
 			pause(context.Background(), down)
