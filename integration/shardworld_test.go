@@ -52,8 +52,8 @@ type shardWorld struct {
 	route map[string]int
 	// seqs holds each aggregate's committed sequence numbers and shards.
 	seqs map[string][]shardSeq
-	// committed are the ids of the committed events.
-	committed []string
+	// committed are the committed events' writes.
+	committed []history.Write
 	// unknown are attempts whose commit failed, by shard; resolve looks
 	// them up.
 	unknown map[int][]history.Write
@@ -228,7 +228,7 @@ func (w *shardWorld) attemptOn(ctx context.Context, at int, agg string, n int, r
 			continue
 		}
 		w.rec.Write(h)
-		w.committed = append(w.committed, e.EventID)
+		w.committed = append(w.committed, h)
 		w.seqs[agg] = append(w.seqs[agg], shardSeq{seq: e.Seq, shard: at})
 	}
 	if err != nil {
@@ -289,7 +289,7 @@ func (w *shardWorld) resolve() {
 		for _, h := range writes {
 			h.Committed = found[h.EventID]
 			if h.Committed {
-				w.committed = append(w.committed, h.EventID)
+				w.committed = append(w.committed, h)
 				w.seqs[h.Aggregate.ID] = append(w.seqs[h.Aggregate.ID], shardSeq{seq: h.Seq, shard: at})
 			}
 			w.rec.Write(h)
