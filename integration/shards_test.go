@@ -22,23 +22,26 @@ import (
 // aggregates on all three, each following its aggregates when a Write says
 // they moved; two relay fleets over the three shards, each killed (its
 // sessions on every cluster terminated, its Kafka client closed) and
-// restarted twice, once alone and once with the other; a consumer group
-// routing each record to one of two targets by its aggregate, members
-// killed (their sessions on both targets terminated; on kfake their offset
-// commits refused too) and restarted; and three moves of five aggregates
-// between different shards, each started while a fleet is down, on a
-// seeded schedule. Every committed event must be applied once in its
-// target, each aggregate's effects in dense sequence order across its
-// moves, and each aggregate's committed sequence numbers must be 1..n over
-// the shards it lived on.
+// restarted twice, once alone and once with the other; a consumer group of
+// two or three members routing each record to one of two targets by its
+// aggregate, members killed (their sessions on both targets terminated; on
+// kfake their offset commits refused too) and restarted; and three moves
+// of five aggregates between different shards, each started while a fleet
+// is down, on a seeded schedule. Every committed event must be applied
+// once in its target, each aggregate's effects in dense sequence order
+// across its moves, each aggregate's committed sequence numbers must be
+// 1..n over the shards it lived on, and the topic must hold each
+// aggregate's first copies in sequence order.
 func TestScenarioManyShards(t *testing.T) {
 	t.Parallel()
 	rng := scenarioRand(t)
 	w := newShardWorld(t, broker(t), 6)
 	g := &routingGroup{w: w}
 	concurrency := 1 + 3*rng.IntN(2)
-	g.start(concurrency)
-	g.start(concurrency)
+	members := 2 + rng.IntN(2)
+	for range members {
+		g.start(concurrency)
+	}
 	const aggregates = 60
 	stopWriters := w.startWriters(rng, 4, aggregates, 0.1, 10*time.Millisecond)
 	fleets := map[string]*fleetProcess{"a": w.startFleet("a", 1), "b": w.startFleet("b", 1)}
@@ -75,7 +78,7 @@ func TestScenarioManyShards(t *testing.T) {
 		g.waitApplied(g.applied()+100+rng.IntN(200), 60*time.Second, fmt.Sprintf("step %d (%v)", i, log))
 	}
 	mv.wait()
-	t.Logf("schedule (members at Concurrency %d): %v", concurrency, log)
+	t.Logf("schedule (%d members at Concurrency %d): %v", members, concurrency, log)
 	t.Logf("moves: %v", mv.log)
 	g.waitApplied(g.applied()+100, 60*time.Second, "traffic after the last move")
 	stopWriters()
