@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -81,49 +82,60 @@ func fleetDrain(b *testing.B, n, perShard int) float64 {
 // BenchmarkFleetFairness measures what a backlog on one shard costs
 // another shard of the same Fleet: shard B takes writes at 100 events/s
 // (one per transaction) while shard A, on the same server, drains a
-// backlog of 1,000,000 events; the baseline is the same fleet with A
-// empty. Both modes run in each iteration, taking turns. Each reports
-// B's commit-to-publish p50 and p99 (commit returned in the writer to
-// record fetched by a reader of B's topic; A's events go to a topic of
-// their own, which nobody reads) over ten seconds after a second of
-// warm-up, and the ratio of the p99s, which issue 23 wants at most 2.
-// The metric backlog-left is the share of A's backlog still undelivered
-// when B's last write committed: above 0, A drained throughout B's
-// measurement.
+// backlog of 1,000,000 events. Three modes take turns, which goes first
+// rotating:
+//
+//   - alone (the baseline): one fleet over A and B, A empty;
+//   - fleet: the same with A's backlog;
+//   - relays: A's backlog, but A and B each drained by a Relay of its own
+//     (own pool, session and broker client), as before fleets: what the
+//     backlog costs B through the machine alone (2 cores for PostgreSQL,
+//     kfake and both relays).
+//
+// Each reports B's commit-to-publish p50 and p99 (commit returned in the
+// writer to record fetched by a reader of B's topic; A's events go to a
+// topic of their own, which nobody reads) over ten seconds after a second
+// of warm-up, and the ratios of the p99s to alone's; issue 23 wants
+// fleet/alone at most 2. The -left metrics are the share of A's backlog
+// still undelivered when B's last write committed: above 0, A drained
+// throughout B's measurement.
 //
 //	go test -run '^$' -bench FleetFairness -benchtime 1x -count 3 -timeout 30m ./producer
 func BenchmarkFleetFairness(b *testing.B) {
 	const backlog, rate, window = 1_000_000, 100, 10 * time.Second
-	var alone, loaded [2]time.Duration
-	var left float64
+	modes := []string{"alone", "fleet", "relays"}
+	p50, p99, left := map[string]time.Duration{}, map[string]time.Duration{}, map[string]float64{}
 	for i := range b.N {
-		for j := range 2 {
-			if (i+j)%2 == 0 {
-				p50, p99, _ := fairnessTurn(b, 0, rate, window)
-				alone[0], alone[1] = alone[0]+p50, alone[1]+p99
-			} else {
-				p50, p99, l := fairnessTurn(b, backlog, rate, window)
-				loaded[0], loaded[1] = loaded[0]+p50, loaded[1]+p99
-				left += float64(l) / backlog
+		for j := range modes {
+			mode := modes[(i+j)%len(modes)]
+			n := backlog
+			if mode == "alone" {
+				n = 0
 			}
+			m50, m99, l := fairnessTurn(b, mode == "relays", n, rate, window)
+			p50[mode] += m50
+			p99[mode] += m99
+			left[mode] += float64(l) / backlog
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(b.N) }
-	b.ReportMetric(ms(alone[0]), "alone-p50-ms")
-	b.ReportMetric(ms(alone[1]), "alone-p99-ms")
-	b.ReportMetric(ms(loaded[0]), "backlog-p50-ms")
-	b.ReportMetric(ms(loaded[1]), "backlog-p99-ms")
-	b.ReportMetric(float64(loaded[1])/float64(alone[1]), "p99-backlog/alone")
-	b.ReportMetric(left/float64(b.N), "backlog-left")
+	for _, mode := range modes {
+		b.ReportMetric(ms(p50[mode]), mode+"-p50-ms")
+		b.ReportMetric(ms(p99[mode]), mode+"-p99-ms")
+		if mode != "alone" {
+			b.ReportMetric(float64(p99[mode])/float64(p99["alone"]), mode+"/alone-p99")
+			b.ReportMetric(left[mode]/float64(b.N), mode+"-left")
+		}
+	}
 	b.ReportMetric(0, "ns/op")
 }
 
-// fairnessTurn runs one fleet over shards A and B of the one test server,
-// A pre-filled with backlog events for a topic of its own, measures B's
-// commit-to-publish latency at rate events/s over window, and returns
-// its p50 and p99 and how many of A's events were left undelivered when
-// B's last write committed.
-func fairnessTurn(b *testing.B, backlog, rate int, window time.Duration) (p50, p99 time.Duration, left int) {
+// fairnessTurn runs a fleet over shards A and B of the one test server,
+// or a Relay for each when apart, A pre-filled with backlog events for a
+// topic of its own, measures B's commit-to-publish latency at rate
+// events/s over window, and returns its p50 and p99 and how many of A's
+// events were left undelivered when B's last write committed.
+func fairnessTurn(b *testing.B, apart bool, backlog, rate int, window time.Duration) (p50, p99 time.Duration, left int) {
 	ctx := context.Background()
 	broker := kafkatest.New(b)
 	topicA, topicB := broker.Topic(b, 8), broker.Topic(b, 8)
@@ -136,17 +148,38 @@ func fairnessTurn(b *testing.B, backlog, rate int, window time.Duration) (p50, p
 		prefill(b, a, backlog)
 		checkpoint(b, a)
 	}
-	shards := []shard.Shard{
-		{Name: "a", Database: a.Server.URL, Schema: a.Schema},
-		{Name: "b", Database: dbB.Server.URL, Schema: dbB.Schema},
+	relayCfg := producer.RelayConfig{Topic: topicB, Logger: slog.New(slog.DiscardHandler)}
+	var runs []func(context.Context) error
+	if apart {
+		for _, db := range []*pgtest.DB{a, dbB} {
+			pool, err := pgxpool.New(ctx, db.Server.URL)
+			require.NoError(b, err)
+			b.Cleanup(pool.Close)
+			c := relayCfg
+			c.Schema = db.Schema
+			relay, err := producer.NewRelay(pool, broker.Client(b), &c)
+			require.NoError(b, err)
+			runs = append(runs, relay.Run)
+		}
+	} else {
+		fleet, err := producer.NewFleet(broker.Client(b), []shard.Shard{
+			{Name: "a", Database: a.Server.URL, Schema: a.Schema},
+			{Name: "b", Database: dbB.Server.URL, Schema: dbB.Schema},
+		}, &producer.FleetConfig{Relay: relayCfg})
+		require.NoError(b, err)
+		runs = append(runs, fleet.Run)
 	}
-	fleet, err := producer.NewFleet(broker.Client(b), shards,
-		&producer.FleetConfig{Relay: producer.RelayConfig{Topic: topicB, Logger: slog.New(slog.DiscardHandler)}})
-	require.NoError(b, err)
 	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- fleet.Run(runCtx) }()
-	defer func() { stop(); require.NoError(b, <-done) }()
+	done := make(chan error, len(runs))
+	for _, run := range runs {
+		go func() { done <- run(runCtx) }()
+	}
+	defer func() {
+		stop()
+		for range runs {
+			require.NoError(b, <-done)
+		}
+	}()
 
 	warmup, total := rate, rate*int(window/time.Second)
 	arrived, received := readArrivals(b, broker, topicB, warmup+total, window+2*time.Minute)
