@@ -87,6 +87,9 @@ func fleetDrain(b *testing.B, n, perShard int) float64 {
 //
 //   - alone (the baseline): one fleet over A and B, A empty;
 //   - fleet: the same with A's backlog;
+//   - fleet-batch100: the same with RelayConfig.BatchSize 100 instead of
+//     the default 1000: the shards' claims take turns on one session, so
+//     B's claim waits for A's, whose cost grows with the batch;
 //   - relays: A's backlog, but A and B each drained by a Relay of its own
 //     (own pool, session and broker client), as before fleets: what the
 //     backlog costs B through the machine alone (2 cores for PostgreSQL,
@@ -103,16 +106,19 @@ func fleetDrain(b *testing.B, n, perShard int) float64 {
 //	go test -run '^$' -bench FleetFairness -benchtime 1x -count 3 -timeout 30m ./producer
 func BenchmarkFleetFairness(b *testing.B) {
 	const backlog, rate, window = 1_000_000, 100, 10 * time.Second
-	modes := []string{"alone", "fleet", "relays"}
+	modes := []string{"alone", "fleet", "fleet-batch100", "relays"}
 	p50, p99, left := map[string]time.Duration{}, map[string]time.Duration{}, map[string]float64{}
 	for i := range b.N {
 		for j := range modes {
 			mode := modes[(i+j)%len(modes)]
-			n := backlog
-			if mode == "alone" {
+			n, batch := backlog, 0
+			switch mode {
+			case "alone":
 				n = 0
+			case "fleet-batch100":
+				batch = 100
 			}
-			m50, m99, l := fairnessTurn(b, mode == "relays", n, rate, window)
+			m50, m99, l := fairnessTurn(b, mode == "relays", batch, n, rate, window)
 			p50[mode] += m50
 			p99[mode] += m99
 			left[mode] += float64(l) / backlog
@@ -131,11 +137,12 @@ func BenchmarkFleetFairness(b *testing.B) {
 }
 
 // fairnessTurn runs a fleet over shards A and B of the one test server,
-// or a Relay for each when apart, A pre-filled with backlog events for a
+// or a Relay for each when apart, with batch as RelayConfig.BatchSize
+// (0: the default), A pre-filled with backlog events for a
 // topic of its own, measures B's commit-to-publish latency at rate
 // events/s over window, and returns its p50 and p99 and how many of A's
 // events were left undelivered when B's last write committed.
-func fairnessTurn(b *testing.B, apart bool, backlog, rate int, window time.Duration) (p50, p99 time.Duration, left int) {
+func fairnessTurn(b *testing.B, apart bool, batch, backlog, rate int, window time.Duration) (p50, p99 time.Duration, left int) {
 	ctx := context.Background()
 	broker := kafkatest.New(b)
 	topicA, topicB := broker.Topic(b, 8), broker.Topic(b, 8)
@@ -148,7 +155,7 @@ func fairnessTurn(b *testing.B, apart bool, backlog, rate int, window time.Durat
 		prefill(b, a, backlog)
 		checkpoint(b, a)
 	}
-	relayCfg := producer.RelayConfig{Topic: topicB, Logger: slog.New(slog.DiscardHandler)}
+	relayCfg := producer.RelayConfig{Topic: topicB, BatchSize: batch, Logger: slog.New(slog.DiscardHandler)}
 	var runs []func(context.Context) error
 	if apart {
 		for _, db := range []*pgtest.DB{a, dbB} {
