@@ -24,7 +24,7 @@ type side struct {
 	ep move.Endpoint
 }
 
-func newSide(t *testing.T, name string) *side {
+func newSide(t testing.TB, name string) *side {
 	t.Helper()
 	db := pgtest.New(t, nil)
 	return &side{

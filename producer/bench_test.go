@@ -488,42 +488,51 @@ func measureLatency(b *testing.B, rate int, dur time.Duration) (p50, p99 time.Du
 	go func() { done <- relay.Run(runCtx) }()
 	defer func() { stop(); <-done }()
 
+	warmup, total := rate, rate*int(dur/time.Second)
+	arrived, received := readArrivals(b, broker, topic, warmup+total, dur+60*time.Second)
+	committed := pacedwrite.Run(ctx, b, db.Pool, producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}), rate, total, arrived)
+	return pacedwrite.Percentiles(committed, received())
+}
+
+// readArrivals reads topic from its start in the background and notes
+// when each event id arrived, until want have arrived or within passed.
+// arrived counts them so far; received waits for the reader to stop,
+// checks that want arrived and returns the times by event id. The
+// latencies are matched up with the writers' commit times at the end,
+// leaving out pacedwrite's second of warm-up.
+func readArrivals(b *testing.B, broker *kafkatest.Broker, topic string, want int, within time.Duration) (arrived func() int, received func() map[string]time.Time) {
 	reader := broker.Client(b, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond))
-	// The reader notes when each event id arrived; the writers note when
-	// each commit returned; latencies are matched up at the end, leaving
-	// out pacedwrite's second of warm-up.
 	var (
-		mu       sync.Mutex
-		received = map[string]time.Time{}
+		mu sync.Mutex
+		at = map[string]time.Time{}
 	)
-	arrived := func() int {
+	arrived = func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(received)
+		return len(at)
 	}
-	warmup, total := rate, rate*int(dur/time.Second)
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
-		deadline, cancel := context.WithTimeout(ctx, dur+60*time.Second)
+		deadline, cancel := context.WithTimeout(context.Background(), within)
 		defer cancel()
-		for arrived() < warmup+total && deadline.Err() == nil {
+		for arrived() < want && deadline.Err() == nil {
 			fetches := reader.PollFetches(deadline)
 			now := time.Now()
 			mu.Lock()
 			fetches.EachRecord(func(r *kgo.Record) {
 				for _, h := range r.Headers {
-					if _, seen := received[string(h.Value)]; h.Key == outbox.HeaderEventID && !seen {
-						received[string(h.Value)] = now
+					if _, seen := at[string(h.Value)]; h.Key == outbox.HeaderEventID && !seen {
+						at[string(h.Value)] = now
 					}
 				}
 			})
 			mu.Unlock()
 		}
 	}()
-
-	committed := pacedwrite.Run(ctx, b, db.Pool, producer.NewWriter(&producer.WriterConfig{Schema: db.Schema}), rate, total, arrived)
-	<-readDone
-	require.Equal(b, warmup+total, arrived())
-	return pacedwrite.Percentiles(committed, received)
+	return arrived, func() map[string]time.Time {
+		<-readDone
+		require.Equal(b, want, arrived())
+		return at
+	}
 }
