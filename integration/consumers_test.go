@@ -114,21 +114,26 @@ func (g *group) TraceRecordEnd(_ context.Context, rec *kgo.Record, res consumer.
 	switch res.Outcome {
 	case consumer.Duplicate:
 		g.duplicates.Add(1)
-		h := map[string]string{}
-		for _, hd := range rec.Headers {
-			h[hd.Key] = string(hd.Value)
-		}
-		seq, _ := strconv.ParseInt(h[outbox.HeaderAggregateSeq], 10, 64)
-		g.s.rec.Handle(history.Handle{
-			Key:       h[outbox.HeaderIdempotencyKey],
-			Aggregate: history.Aggregate{Type: h[outbox.HeaderAggregateType], ID: h[outbox.HeaderAggregateID]},
-			Seq:       seq,
-			Applied:   false,
-		})
+		g.s.rec.Handle(skipped(rec))
 	case consumer.Parked:
 		g.parked.Add(1)
 	case consumer.DeadLettered:
 		g.dead.Add(1)
+	}
+}
+
+// skipped is the history's Handle of rec, skipped as a duplicate.
+func skipped(rec *kgo.Record) history.Handle {
+	h := map[string]string{}
+	for _, hd := range rec.Headers {
+		h[hd.Key] = string(hd.Value)
+	}
+	seq, _ := strconv.ParseInt(h[outbox.HeaderAggregateSeq], 10, 64)
+	return history.Handle{
+		Key:       h[outbox.HeaderIdempotencyKey],
+		Aggregate: history.Aggregate{Type: h[outbox.HeaderAggregateType], ID: h[outbox.HeaderAggregateID]},
+		Seq:       seq,
+		Applied:   false,
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/integration/history"
 )
@@ -68,16 +66,7 @@ func (g *routingGroup) TraceRecordEnd(_ context.Context, rec *kgo.Record, res co
 	switch res.Outcome {
 	case consumer.Duplicate:
 		g.duplicates.Add(1)
-		h := map[string]string{}
-		for _, hd := range rec.Headers {
-			h[hd.Key] = string(hd.Value)
-		}
-		seq, _ := strconv.ParseInt(h[outbox.HeaderAggregateSeq], 10, 64)
-		g.w.rec.Handle(history.Handle{
-			Key:       h[outbox.HeaderIdempotencyKey],
-			Aggregate: history.Aggregate{Type: h[outbox.HeaderAggregateType], ID: h[outbox.HeaderAggregateID]},
-			Seq:       seq,
-		})
+		g.w.rec.Handle(skipped(rec))
 	case consumer.Parked:
 		g.parked.Add(1)
 	case consumer.DeadLettered:
