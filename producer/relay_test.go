@@ -195,8 +195,10 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		b := newBundle(t, 2)
 		// The first four attempts to mark rows delivered fail, as if the
 		// database went away between the broker's ack and the mark: more
-		// than the relay retries within half a lease. A sequence counts
-		// them: nextval survives the rollback.
+		// than the relay makes within half a lease, since its retries wait
+		// at least half of the 100 ms backoff and half the lease is 150 ms,
+		// so it gives up after at most three. A sequence counts them:
+		// nextval survives the rollback.
 		marks := b.failUpdates(t, "published_at", 4)
 		var events []producer.Event
 		for i := range 20 {
@@ -204,7 +206,7 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 		}
 		b.write(t, events...)
 		b.startRelay(t, &producer.RelayConfig{Lease: 300 * time.Millisecond, PublishTimeout: 200 * time.Millisecond, PollInterval: 50 * time.Millisecond,
-			MinBackoff: 60 * time.Millisecond, MaxBackoff: 60 * time.Millisecond})
+			MinBackoff: 100 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 		b.waitDelivered(t, 30*time.Second)
 		require.Equal(t, int64(5), marks(), "four failed marks, then one that held")
 		// A batch whose outcome could not be recorded stayed leased and was
