@@ -52,27 +52,37 @@ func TestClaimAfterBacklogGrewPastStatistics(t *testing.T) {
 		WHERE published_at IS NULL AND aggregate_seq = 1 AND aggregate_id IN ('agg-1', 'agg-7', 'agg-99')`)
 	require.NoError(t, err)
 
-	read, _ := claimPlan(t, db, batch).scanned()
-	t.Logf("the claim read %.0f rows of events", read)
-	require.LessOrEqual(t, read, float64(20*batch), "to claim %d rows of a backlog of %d the claim read %.0f rows of events", batch, backlog, read)
+	for _, pooled := range []bool{false, true} {
+		read, _ := claimPlan(t, db, batch, pooled).scanned()
+		t.Logf("the claim (pooled %v) read %.0f rows of events", pooled, read)
+		require.LessOrEqual(t, read, float64(20*batch), "to claim %d rows of a backlog of %d the claim (pooled %v) read %.0f rows of events", batch, backlog, pooled, read)
+	}
 }
 
-// claimPlan runs one claim of batch rows over every bucket, on a session
-// set up as the relay sets up its own (tables.Relay.ClaimSession), under
-// EXPLAIN ANALYZE, rolls it back, checks that it claimed batch rows and
-// returns its plan.
-func claimPlan(t *testing.T, db *pgtest.DB, batch int) *planNode {
+// claimPlan runs one claim of batch rows over every bucket under EXPLAIN
+// ANALYZE, rolls it back, checks that it claimed batch rows and returns its
+// plan. The claim runs as a Relay runs it, on a session set up by
+// tables.Relay.ClaimSession, or with pooled as a Fleet's shard runs it, in
+// a transaction set up by tables.Relay.ClaimPooled.
+func claimPlan(t *testing.T, db *pgtest.DB, batch int, pooled bool) *planNode {
 	t.Helper()
 	ctx := context.Background()
 	sql := tables.ProducerFor(db.Schema).Relay
 	conn, err := db.Pool.Acquire(ctx)
 	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, sql.ClaimSession)
-	require.NoError(t, err)
+	// The session's settings must not reach the pool's other users.
+	defer func() { require.NoError(t, conn.Conn().Close(ctx)); conn.Release() }()
+	if !pooled {
+		_, err = conn.Exec(ctx, sql.ClaimSession)
+		require.NoError(t, err)
+	}
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
+	if pooled {
+		_, err = tx.Exec(ctx, sql.ClaimPooled)
+		require.NoError(t, err)
+	}
 	buckets := make([]int32, tables.RelayBuckets)
 	for i := range buckets {
 		buckets[i] = int32(i)
@@ -91,8 +101,9 @@ func claimPlan(t *testing.T, db *pgtest.DB, batch int) *planNode {
 // claim must walk the undelivered index in id order and stop at its batch,
 // not read and sort the backlog: before issue 26's fix it read all 20,000
 // rows on every claim of 1,000, O(backlog) per claim and O(backlog^2) per
-// drain. It runs the claim on a session set up as the relay sets up its own
-// (tables.Relay.ClaimSession) and reads EXPLAIN ANALYZE.
+// drain. It runs the claim as a Relay does, on a session set up by
+// tables.Relay.ClaimSession, and as a Fleet's shard does, in a transaction
+// set up by tables.Relay.ClaimPooled, and reads EXPLAIN ANALYZE.
 func TestClaimWalksItsBatchNotTheBacklog(t *testing.T) {
 	t.Parallel()
 	for _, partitioned := range []bool{false, true} {
@@ -123,11 +134,13 @@ FROM generate_series(0, $4 - 1) AS g`
 			_, err = db.Pool.Exec(ctx, insert, "new-", 1_000, nil, backlog)
 			require.NoError(t, err)
 
-			candidates := claimPlan(t, db, batch).find("CTE candidates")
-			require.NotNil(t, candidates, "the claim's plan has no CTE candidates")
-			read, sorts := candidates.scanned()
-			require.Zero(t, sorts, "the candidates are sorted instead of walked in id order")
-			require.LessOrEqual(t, read, float64(2*batch), "to claim %d rows of a backlog of %d the claim read %.0f", batch, backlog, read)
+			for _, pooled := range []bool{false, true} {
+				candidates := claimPlan(t, db, batch, pooled).find("CTE candidates")
+				require.NotNil(t, candidates, "the claim's plan has no CTE candidates")
+				read, sorts := candidates.scanned()
+				require.Zero(t, sorts, "the candidates (pooled %v) are sorted instead of walked in id order", pooled)
+				require.LessOrEqual(t, read, float64(2*batch), "to claim %d rows of a backlog of %d the claim (pooled %v) read %.0f", batch, backlog, pooled, read)
+			}
 		})
 	}
 }

@@ -96,6 +96,16 @@ func bucketOf(hash int32) int32 { return ((hash % numBuckets) + numBuckets) % nu
 // so that each live instance owns about numBuckets/live of them. It runs
 // between batches, so a bucket given up has nothing of ours in flight.
 func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
+	if err := o.rebalanceInTurn(ctx, idle); err != nil {
+		return err
+	}
+	// Nothing is in flight between batches.
+	return o.refreshHoldsNow(ctx, nil)
+}
+
+// rebalanceInTurn is rebalance but for the look-up of the buckets taken,
+// in a turn on the session.
+func (o *bucketOwner) rebalanceInTurn(ctx context.Context, idle bool) error {
 	o.lost = false
 	if err := o.take(ctx, true); err != nil {
 		return err
@@ -181,8 +191,7 @@ func (o *bucketOwner) rebalance(ctx context.Context, idle bool) error {
 			o.r.log.InfoContext(ctx, "relay: took buckets", slog.Int("count", len(taken)), slog.Int("owned", len(o.owned)), slog.Int("live_relays", live))
 		}
 	}
-	// Nothing is in flight between batches.
-	return o.refreshHolds(ctx, nil)
+	return nil
 }
 
 // take waits for the session's turn and, with connect, connects it if it
@@ -226,8 +235,14 @@ func (o *bucketOwner) give() {
 	o.sess.release()
 }
 
-// refreshHoldsNow is refreshHolds in a turn of its own, for Run's loop.
+// refreshHoldsNow is refreshHolds in a turn of its own on a Relay's
+// session. A Fleet's shard looks up on its pool, outside the turn: the
+// look-up reads the backlog of the buckets, and over a large one would
+// hold up every other shard of the server.
 func (o *bucketOwner) refreshHoldsNow(ctx context.Context, busy []int32) error {
+	if o.sess.shared {
+		return o.refreshHolds(ctx, busy)
+	}
 	if err := o.take(ctx, false); err != nil {
 		return err
 	}
@@ -268,8 +283,9 @@ func (o *bucketOwner) nextHoldEnd() time.Time {
 // at once, and a new owner from publishing an aggregate's later events
 // before the leased ones. Only the aggregates with leased rows wait; the
 // rest of a bucket is claimed from at once. On an error, buckets not looked
-// up stay out of claims and ended holds stay in force. The caller holds
-// the session's turn.
+// up stay out of claims and ended holds stay in force. A Relay's caller
+// holds the session's turn; a Fleet's shard looks up on its pool
+// (refreshHoldsNow).
 func (o *bucketOwner) refreshHolds(ctx context.Context, busy []int32) error {
 	defer o.publishHealth()
 	var check []int32
@@ -287,7 +303,13 @@ func (o *bucketOwner) refreshHolds(ctx context.Context, busy []int32) error {
 		if busy == nil {
 			busy = []int32{}
 		}
-		rows, err := o.conn.Query(ctx, o.r.sql.LeasedAggregates, check, busy)
+		var db interface {
+			Query(context.Context, string, ...any) (pgx.Rows, error)
+		} = o.r.pool
+		if !o.sess.shared {
+			db = o.conn
+		}
+		rows, err := db.Query(ctx, o.r.sql.LeasedAggregates, check, busy)
 		if err != nil {
 			o.reset(ctx)
 			o.updateClaimable()
@@ -412,11 +434,15 @@ func (o *bucketOwner) sortedOwned() []int32 {
 }
 
 // claim leases the next batch of this instance's buckets, leaving out the
-// aggregates whose bucket hash is in busy and the held ones. It runs on the
-// lock session: a claim succeeds only while the locks are held.
+// aggregates whose bucket hash is in busy and the held ones. A Relay's
+// claim runs on its lock session: a claim succeeds only while the locks
+// are held. A Fleet's shards claim beside it (claimBeside).
 func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent, error) {
 	if len(o.claimable) == 0 {
 		return nil, nil
+	}
+	if o.sess.shared {
+		return o.claimBeside(ctx, busy)
 	}
 	if err := o.take(ctx, false); err != nil {
 		return nil, err
@@ -445,6 +471,92 @@ func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent,
 	}
 	slices.SortFunc(batch, func(a, b *claimedEvent) int { return cmp.Compare(a.id, b.id) })
 	return batch, nil
+}
+
+// claimBeside is the claim of a Fleet's shard. The shards of a server
+// share one lock session; claiming on it, they would take turns, and a
+// quiet shard's claim would wait for a backlogged shard's claim of up to
+// BatchSize rows each time. So the claim runs on a connection of the
+// server's pool, at the same time as the other shards' claims, and the
+// lock session is used only around it, for a turn each as short as a
+// round trip:
+//   - before, without a round trip, to forget the buckets of a session
+//     that was replaced (take);
+//   - after a claim that found rows, to see that the session still runs
+//     and is the one the buckets were locked in. If not, the rows are given
+//     back unattempted and the claim fails with errNoSession, as a claim on
+//     the dead session would have.
+//
+// Between the two a session can die and another relay take its buckets
+// and claim in them too. That is the case the claim statement is written
+// for, a relay still publishing after its lease lapsed: a leased or locked
+// row holds back its aggregate's later rows, so the two never put an
+// aggregate's events on the wire out of order.
+func (o *bucketOwner) claimBeside(ctx context.Context, busy []int32) ([]*claimedEvent, error) {
+	if err := o.take(ctx, false); err != nil {
+		return nil, err
+	}
+	gen := o.gen
+	o.give()
+	if len(o.claimable) == 0 {
+		return nil, nil
+	}
+	if len(o.holds) > 0 {
+		busy = append(slices.Clip(busy), o.heldHashes()...)
+	}
+	var batch []*claimedEvent
+	b := &pgx.Batch{}
+	b.Queue(o.r.sql.ClaimPooled)
+	b.Queue(o.r.sql.Claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy).Query(func(rows pgx.Rows) error {
+		var err error
+		batch, err = pgx.CollectRows(rows, scanClaimed)
+		return err
+	})
+	if err := o.r.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	if err := o.stillLocked(ctx, gen); err != nil {
+		o.giveBack(ctx, batch)
+		return nil, err
+	}
+	slices.SortFunc(batch, func(a, b *claimedEvent) int { return cmp.Compare(a.id, b.id) })
+	return batch, nil
+}
+
+// stillLocked checks, in a turn on the lock session, that the session
+// that locked the owner's buckets in generation gen still runs. If it does
+// not, the owner forgets its buckets and the error is errNoSession.
+func (o *bucketOwner) stillLocked(ctx context.Context, gen uint64) error {
+	if err := o.take(ctx, false); err != nil {
+		return err
+	}
+	defer o.give()
+	if o.gen != gen {
+		return errNoSession
+	}
+	if err := o.conn.Ping(ctx); err != nil {
+		o.reset(ctx)
+		if len(o.owned) == 0 {
+			return errNoSession
+		}
+		return err
+	}
+	return nil
+}
+
+// giveBack releases a claimed batch unattempted. If that fails too, its
+// rows wait out their lease.
+func (o *bucketOwner) giveBack(ctx context.Context, batch []*claimedEvent) {
+	ids := make([]int64, len(batch))
+	for i, e := range batch {
+		ids[i] = e.id
+	}
+	if _, err := o.r.pool.Exec(ctx, o.r.sql.Release, ids, batch[0].leasedUntil); err != nil {
+		o.r.logError(ctx, "relay: give back a batch claimed as the lock session died; it waits out its lease", err)
+	}
 }
 
 var errNoSession = errors.New("relay: no session connection to claim with; reconnecting")

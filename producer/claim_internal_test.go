@@ -47,3 +47,43 @@ func TestClaimNoFlushStaysInTheClaim(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT leased_until > now() FROM `+db.Table("events")+` WHERE id = $1`, batch[0].id).Scan(&leased))
 	require.True(t, leased, "another session sees the lease")
 }
+
+// A Fleet's shard claims on a connection of its pool (claimBeside), with
+// the claim's settings for the claim's transaction only: the connection
+// goes back to the pool with the server's settings, so the marks that
+// follow on it wait for the WAL flush and plan with sorts.
+func TestClaimBesideLeavesThePoolConnectionAsItWas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, &pgtest.Opts{MaxConns: 1})
+	show := func() (settings [3]string) {
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('enable_sort'), current_setting('jit')`).
+			Scan(&settings[0], &settings[1], &settings[2]))
+		return settings
+	}
+	before := show()
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = NewWriter(&WriterConfig{Schema: db.Schema}).Write(ctx, tx, Event{AggregateType: "account", AggregateID: "a", EventType: "e", Payload: []byte("x")})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	client, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	require.NoError(t, err)
+	defer client.Close()
+	r, err := NewRelay(db.Pool, client, &RelayConfig{Schema: db.Schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	sess := newLockSession(r.cfg.SessionConfig, r.checkSession, "", true)
+	defer sess.close()
+	o := newBucketOwner(r, sess)
+	defer o.close()
+	require.NoError(t, o.rebalance(ctx, false))
+	batch, err := o.claim(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, batch, 1)
+
+	require.Equal(t, before, show(), "the pool's one connection, after the claim on it")
+	var leased bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT leased_until > now() FROM `+db.Table("events")+` WHERE id = $1`, batch[0].id).Scan(&leased))
+	require.True(t, leased, "the claim committed")
+}

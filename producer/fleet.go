@@ -18,7 +18,6 @@ import (
 	"github.com/d419a114/outbox"
 	"github.com/d419a114/outbox/internal/backoff"
 	"github.com/d419a114/outbox/internal/pgsession"
-	"github.com/d419a114/outbox/internal/tables"
 	"github.com/d419a114/outbox/shard"
 )
 
@@ -33,9 +32,9 @@ type FleetConfig struct {
 	Relay RelayConfig
 	// MaxConnsPerServer bounds the connections the fleet opens to one
 	// server, that is to the shards with the same shard.Shard.Server():
-	// a pool of MaxConnsPerServer-2 for publishing marks, leases and
-	// pruning, one session for every shard's bucket locks and claims, and
-	// one for LISTEN on every shard's channel. At least 3. Default 10.
+	// a pool of MaxConnsPerServer-2 for claims, marks, leases and pruning,
+	// one session for every shard's bucket locks, and one for LISTEN on
+	// every shard's channel. At least 3. Default 10.
 	MaxConnsPerServer int
 	// ApplicationName is the application_name of the fleet's connections,
 	// as pg_stat_activity shows them. Default "outbox-relay-fleet".
@@ -44,15 +43,14 @@ type FleetConfig struct {
 
 // Fleet runs a relay for each of many shards from one process, with a
 // bounded number of connections per server: the shards of one server
-// share a pool, one session for their bucket locks and claims, and one
-// LISTEN session. Each shard behaves as a Relay over its schema does, and
-// shares its buckets with the other Fleets and Relays over that schema in
-// the same way, so per-aggregate order holds across them all.
+// share a pool, one session for their bucket locks, and one LISTEN
+// session. Each shard behaves as a Relay over its schema does, and shares
+// its buckets with the other Fleets and Relays over that schema in the
+// same way, so per-aggregate order holds across them all.
 //
-// The shards of a server take turns on their shared session first come,
-// first served, each claim taking at most BatchSize events, and each
-// shard's batch waits only for its own records: a shard draining a
-// backlog slows a quiet one by a turn per claim, not by its backlog.
+// The shards of a server claim at the same time, each on a connection of
+// the pool, and each shard's batch waits only for its own records: a shard
+// draining a backlog does not make a quiet one wait for its claims.
 // Shards can be changed while the fleet runs (Set).
 type Fleet struct {
 	client *kgo.Client
@@ -264,7 +262,7 @@ func (f *Fleet) newServer(s shard.Shard) (*fleetServer, error) {
 	setDefault(&retry.Max, time.Minute)
 	return &fleetServer{
 		pool:     pool,
-		session:  newLockSession(sessCfg, check, tables.ProducerFor(outbox.DefaultSchema).Relay.ClaimSession, true),
+		session:  newLockSession(sessCfg, check, "", true),
 		listener: newSharedListener(sessCfg, f.log.With(slog.String("server", fmt.Sprintf("%s:%d/%s", sessCfg.Host, sessCfg.Port, sessCfg.Database))), retry),
 	}, nil
 }

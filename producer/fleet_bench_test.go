@@ -88,8 +88,8 @@ func fleetDrain(b *testing.B, n, perShard int) float64 {
 //   - alone (the baseline): one fleet over A and B, A empty;
 //   - fleet: the same with A's backlog;
 //   - fleet-batch100: the same with RelayConfig.BatchSize 100 instead of
-//     the default 1000: the shards' claims take turns on one session, so
-//     B's claim waits for A's, whose cost grows with the batch;
+//     the default 1000: A's claims and batches are smaller, and take less
+//     of the machine from B, at the cost of A's drain rate;
 //   - relays: A's backlog, but A and B each drained by a Relay of its own
 //     (own pool, session and broker client), as before fleets: what the
 //     backlog costs B through the machine alone (2 cores for PostgreSQL,

@@ -57,7 +57,7 @@ func TestModelSharedLockSession(t *testing.T) {
 	var aggs int
 
 	rapid.Check(t, func(rt *rapid.T) {
-		sess := newLockSession(relays[0].cfg.SessionConfig, relays[0].checkSession, relays[0].sql.ClaimSession, true)
+		sess := newLockSession(relays[0].cfg.SessionConfig, relays[0].checkSession, "", true)
 		owners := make([]*bucketOwner, len(relays))
 		for i, r := range relays {
 			owners[i] = newBucketOwner(r, sess)

@@ -279,3 +279,27 @@ func TestFleetSurvivesLosingItsLockSession(t *testing.T) {
 	n += w.write(t, w.shards, 3, 3)
 	require.Len(t, checkOrder(t, w.broker.Records(t, w.topic, n, time.Minute)), n)
 }
+
+// TestFleetHoldsAggregatesLeasedElsewhere starts a fleet over a schema
+// where rows of one aggregate are leased, as a relay that died while
+// publishing leaves them: the shard, which looks up leases on its pool
+// rather than its lock session, holds that aggregate until the lease ends
+// and delivers the others at once, then the held one, in order.
+func TestFleetHoldsAggregatesLeasedElsewhere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newFleetWorld(t, 2)
+	n := w.write(t, w.shards, 4, 3)
+	s := w.shards[1]
+	_, err := w.base.Pool.Exec(ctx, `UPDATE `+pgx.Identifier{s.Schema, "events"}.Sanitize()+`
+		SET leased_until = now() + interval '8 seconds' WHERE aggregate_id = $1`, s.Name+"/acct-0")
+	require.NoError(t, err)
+	fleet, _ := w.start(t, w.shards, nil)
+	eventually.True(t, 20*time.Second, func() bool { return w.undelivered(t, s) == 3 && w.undelivered(t, w.shards[0]) == 0 },
+		"everything but the leased aggregate delivered")
+	held := fleet.Health()[s.Name].Held
+	require.Len(t, held, 1, "the shard holds the leased aggregate")
+	require.Equal(t, s.Name+"/acct-0", held[0].AggregateID)
+	require.Empty(t, fleet.Health()[w.shards[0].Name].Held, "the other shard holds nothing")
+	require.Len(t, checkOrder(t, w.broker.Records(t, w.topic, n, time.Minute)), n)
+}

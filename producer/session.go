@@ -35,9 +35,10 @@ func (r *Relay) notSession(cfg *pgx.ConnConfig, err error) error {
 		cfg.Host, cfg.Port, err)
 }
 
-// lockSession is the session connection that holds bucket locks and runs
-// claims: a Relay's own, or one a Fleet shares between the shards of one
-// server (the locks are namespaced by schema, schemaLockKey). Its users
+// lockSession is the session connection that holds bucket locks: a
+// Relay's own, where its claims run too, or one a Fleet shares between the
+// shards of one server (the locks are namespaced by schema,
+// schemaLockKey), whose claims run beside it (bucketOwner.claimBeside). Its users
 // take turns: acquire queues them first come, first served, so a busy
 // shard that releases and asks again goes behind the shards already
 // waiting. conn, gen and pid are touched only by the holder of the turn.
@@ -45,7 +46,8 @@ type lockSession struct {
 	cfg *pgx.ConnConfig
 	// check checks a new connection (checkSession).
 	check func(context.Context, *pgx.Conn) error
-	// setup runs on every new connection (tables.Relay.ClaimSession).
+	// setup runs on every new connection where claims run
+	// (tables.Relay.ClaimSession); empty for a Fleet's.
 	setup string
 	// shared is set when several owners use the session, so that one
 	// leaving releases its own locks rather than closing it.
@@ -101,11 +103,14 @@ func (s *lockSession) connect(ctx context.Context) (*pgx.Conn, uint64, error) {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, s.gen, err
 	}
-	// The claims run on this session; its settings keep their cost
+	// A Relay's claims run on this session; its settings keep their cost
 	// independent of the tables' statistics (tables.Relay.ClaimSession).
-	if _, err := conn.Exec(ctx, s.setup); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, s.gen, fmt.Errorf("producer: set up the relay's session for claims: %w", err)
+	// A Fleet's shards claim on their pool (tables.Relay.ClaimPooled).
+	if s.setup != "" {
+		if _, err := conn.Exec(ctx, s.setup); err != nil {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			return nil, s.gen, fmt.Errorf("producer: set up the relay's session for claims: %w", err)
+		}
 	}
 	s.conn = conn
 	s.gen++

@@ -79,6 +79,11 @@ type Relay struct {
 	// runs in; the relay sends it in one implicit transaction with Claim.
 	// See claimNoFlush for why that is safe.
 	ClaimNoFlush string
+	// ClaimPooled is ClaimSession and ClaimNoFlush for the transaction it
+	// runs in only: a Fleet's shard sends it in one implicit transaction
+	// with Claim on a connection of its pool, whose other transactions
+	// (marks among them) must keep the server's settings.
+	ClaimPooled string
 }
 
 func relay(q func(string) string, schema string) Relay {
@@ -101,6 +106,7 @@ func relay(q func(string) string, schema string) Relay {
 		Listen:           ListenTo(WakeChannel(schema)),
 		ClaimSession:     claimSession,
 		ClaimNoFlush:     claimNoFlush,
+		ClaimPooled:      claimPooled,
 	}
 }
 
@@ -303,6 +309,11 @@ const claimSession = `SELECT set_config('enable_sort', 'off', false), set_config
 // relay went on publishing: the same as a relay that died before claiming
 // as far as the table can tell, and a duplicate on the wire at worst.
 const claimNoFlush = `SELECT set_config('synchronous_commit', 'off', true)`
+
+// claimPooled sets, for the claim's own transaction, what claimSession
+// sets for a lock session and what claimNoFlush sets for the claim: a
+// claim on a pool connection leaves the connection as it found it.
+const claimPooled = `SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true), set_config('synchronous_commit', 'off', true)`
 
 // heartbeat renews this instance's row, with the pid of the lock
 // session it runs on (which it also returns, for the relay to see that it
