@@ -451,26 +451,33 @@ func (o *bucketOwner) claim(ctx context.Context, busy []int32) ([]*claimedEvent,
 	if len(o.claimable) == 0 {
 		return nil, nil
 	}
-	if len(o.holds) > 0 {
-		busy = append(slices.Clip(busy), o.heldHashes()...)
-	}
-	// One round trip and one implicit transaction (a pipeline with one
-	// Sync): the claim commits without waiting for the WAL flush
-	// (tables.Relay.ClaimNoFlush says why that is safe).
 	var batch []*claimedEvent
-	b := &pgx.Batch{}
-	b.Queue(o.r.sql.ClaimNoFlush)
-	b.Queue(o.r.sql.Claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy).Query(func(rows pgx.Rows) error {
-		var err error
-		batch, err = pgx.CollectRows(rows, scanClaimed)
-		return err
-	})
-	if err := o.conn.SendBatch(ctx, b).Close(); err != nil {
+	if err := o.conn.SendBatch(ctx, o.claimPipeline(o.r.sql.ClaimNoFlush, busy, &batch)).Close(); err != nil {
 		o.reset(ctx)
 		return nil, err
 	}
 	slices.SortFunc(batch, func(a, b *claimedEvent) int { return cmp.Compare(a.id, b.id) })
 	return batch, nil
+}
+
+// claimPipeline is a claim in one round trip and one implicit transaction
+// (a pipeline with one Sync): setup, which sets the transaction's settings
+// (tables.Relay.ClaimNoFlush on a lock session, ClaimPooled on a pool:
+// the claim commits without waiting for the WAL flush; ClaimNoFlush says
+// why that is safe), then Claim, leaving out busy and the held
+// aggregates, whose rows land in batch.
+func (o *bucketOwner) claimPipeline(setup string, busy []int32, batch *[]*claimedEvent) *pgx.Batch {
+	if len(o.holds) > 0 {
+		busy = append(slices.Clip(busy), o.heldHashes()...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(setup)
+	b.Queue(o.r.sql.Claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy).Query(func(rows pgx.Rows) error {
+		var err error
+		*batch, err = pgx.CollectRows(rows, scanClaimed)
+		return err
+	})
+	return b
 }
 
 // claimBeside is the claim of a Fleet's shard. The shards of a server
@@ -501,18 +508,8 @@ func (o *bucketOwner) claimBeside(ctx context.Context, busy []int32) ([]*claimed
 	if len(o.claimable) == 0 {
 		return nil, nil
 	}
-	if len(o.holds) > 0 {
-		busy = append(slices.Clip(busy), o.heldHashes()...)
-	}
 	var batch []*claimedEvent
-	b := &pgx.Batch{}
-	b.Queue(o.r.sql.ClaimPooled)
-	b.Queue(o.r.sql.Claim, o.claimable, o.r.cfg.BatchSize, o.r.cfg.Lease.Milliseconds(), busy).Query(func(rows pgx.Rows) error {
-		var err error
-		batch, err = pgx.CollectRows(rows, scanClaimed)
-		return err
-	})
-	if err := o.r.pool.SendBatch(ctx, b).Close(); err != nil {
+	if err := o.r.pool.SendBatch(ctx, o.claimPipeline(o.r.sql.ClaimPooled, busy, &batch)).Close(); err != nil {
 		return nil, err
 	}
 	if len(batch) == 0 {

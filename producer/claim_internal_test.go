@@ -21,17 +21,7 @@ func TestClaimNoFlushStaysInTheClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, nil)
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = NewWriter(&WriterConfig{Schema: db.Schema}).Write(ctx, tx, Event{AggregateType: "account", AggregateID: "a", EventType: "e", Payload: []byte("x")})
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(ctx))
-
-	client, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
-	require.NoError(t, err)
-	defer client.Close()
-	r, err := NewRelay(db.Pool, client, &RelayConfig{Schema: db.Schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
+	r := relayOverOneEvent(t, db)
 	o := newBucketOwner(r, r.newSession())
 	defer o.close()
 	require.NoError(t, o.rebalance(ctx, false))
@@ -62,17 +52,7 @@ func TestClaimBesideLeavesThePoolConnectionAsItWas(t *testing.T) {
 		return settings
 	}
 	before := show()
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = NewWriter(&WriterConfig{Schema: db.Schema}).Write(ctx, tx, Event{AggregateType: "account", AggregateID: "a", EventType: "e", Payload: []byte("x")})
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(ctx))
-
-	client, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
-	require.NoError(t, err)
-	defer client.Close()
-	r, err := NewRelay(db.Pool, client, &RelayConfig{Schema: db.Schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
+	r := relayOverOneEvent(t, db)
 	sess := newLockSession(r.cfg.SessionConfig, r.checkSession, "", true)
 	defer sess.close()
 	o := newBucketOwner(r, sess)
@@ -86,4 +66,22 @@ func TestClaimBesideLeavesThePoolConnectionAsItWas(t *testing.T) {
 	var leased bool
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT leased_until > now() FROM `+db.Table("events")+` WHERE id = $1`, batch[0].id).Scan(&leased))
 	require.True(t, leased, "the claim committed")
+}
+
+// relayOverOneEvent writes one event to db's schema and returns a Relay
+// over it whose client reaches no broker: for tests of the claim alone.
+func relayOverOneEvent(t *testing.T, db *pgtest.DB) *Relay {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = NewWriter(&WriterConfig{Schema: db.Schema}).Write(ctx, tx, Event{AggregateType: "account", AggregateID: "a", EventType: "e", Payload: []byte("x")})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	client, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	r, err := NewRelay(db.Pool, client, &RelayConfig{Schema: db.Schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	return r
 }
