@@ -195,8 +195,10 @@ func Run(ctx context.Context, from, to Endpoint, aggregates []Aggregate, cfg *Co
 // target was opened it drains and releases; if not, it rolls the move
 // back, and the aggregates stay on the source and take writes there
 // again (the target refuses them, naming the source). It returns
-// ErrUnknownMove when neither shard has a record of id. Do not run it
-// while a Run of the same move is still under way.
+// ErrUnknownMove when neither shard has a record of id. Two Resumes of
+// one move, or a Resume racing a Run of it, end the move once: both
+// finish it, or both see it rolled back (the Run with ErrRolledBack);
+// a Resume before the Run recorded anything returns ErrUnknownMove.
 func Resume(ctx context.Context, id string, from, to Endpoint, cfg *Config) error {
 	m, err := newMover(from, to, cfg)
 	if err != nil {
