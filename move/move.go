@@ -106,8 +106,9 @@ func (e *BlockedError) Unwrap() error { return ErrBlocked }
 // ConflictError is a move that cannot start or open because of the
 // aggregate's state on one side: already moved or arriving on the source,
 // reserved by another move or numbered beyond the source on the target,
-// or a move id already used for another target. Run rolls back what the
-// move did before it returns one: nothing of it stays under way.
+// or a move id already used for another target. One from the reserve or
+// the close leaves nothing of the move under way: Run rolls back its
+// reservation on the target before it returns.
 type ConflictError struct {
 	Shard     string
 	Aggregate Aggregate
@@ -272,7 +273,7 @@ func (m *mover) run(ctx context.Context, aggs []Aggregate) error {
 			// source: reopen it too.
 			return errors.Join(err, m.rollBack(ctx))
 		}
-		return m.undo(ctx, err)
+		return err
 	}
 	if err := m.after(3); err != nil {
 		return err
@@ -298,11 +299,11 @@ func (m *mover) run(ctx context.Context, aggs []Aggregate) error {
 	return nil
 }
 
-// undo rolls the move back when close or open failed with a
-// *ConflictError: another move holds an aggregate, so this one cannot
-// go on, and its reservation on the target (or its close of the source)
-// would otherwise stay until someone resumed it. Other errors leave the
-// move where it got to, for Run or Resume to finish.
+// undo rolls the move back when close failed with a *ConflictError:
+// another move holds an aggregate, so this one cannot go on, and its
+// reservation on the target would otherwise stay until someone resumed
+// it. Other errors leave the move where it got to, for Run or Resume to
+// finish.
 func (m *mover) undo(ctx context.Context, err error) error {
 	var ce *ConflictError
 	if !errors.As(err, &ce) {
