@@ -506,8 +506,17 @@ func (m *mover) close(ctx context.Context, aggs []Aggregate) (map[Aggregate]int6
 				if move, err = lastMove(ctx, tx, m.fromSQL, a, "out"); err != nil {
 					return err
 				}
-				return &ConflictError{Shard: m.from.Shard.Name, Aggregate: a, Move: move,
-					Reason: fmt.Sprintf("already moved to shard %q; move it from there", *movedTo)}
+				// A row naming the target at 0, with no move out of here,
+				// is what a rolled-back reservation by a move from the
+				// target left: this shard never numbered the aggregate,
+				// so close it as a new one. Refusing would leave it
+				// refused on both shards when the target's row is such a
+				// leftover too (two moves of a never-written aggregate,
+				// both ways at once).
+				if *movedTo != m.to.Shard.Name || last != 0 || move != "" {
+					return &ConflictError{Shard: m.from.Shard.Name, Aggregate: a, Move: move,
+						Reason: fmt.Sprintf("already moved to shard %q; move it from there", *movedTo)}
+				}
 			}
 			if _, err := tx.Exec(ctx, m.fromSQL.CloseSource, a.Type, a.ID, m.to.Shard.Name, m.id, last); err != nil {
 				return err
