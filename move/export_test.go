@@ -11,3 +11,17 @@ func StopAfter(cfg *Config, k int) *Config {
 
 // ErrStopped is what a run cut short by StopAfter returns.
 var ErrStopped = errStopped
+
+// PauseAt makes Run and Resume with cfg call f before step 1 (with 0),
+// after each step k (with k) and after a rollback ended the reservation
+// on the target (with StepTargetRolledBack); f blocks to hold the mover
+// there.
+func PauseAt(cfg *Config, f func(step int)) *Config {
+	c := *cfg
+	c.pause = f
+	return &c
+}
+
+// StepTargetRolledBack is the step PauseAt's f gets once a rollback ended
+// the reservation on the target, before it reopens the source.
+const StepTargetRolledBack = stepTargetRolledBack

@@ -17,7 +17,8 @@ import (
 
 // TestModel interleaves writes on either shard, publishing on either
 // shard, moves back and forth taken one step at a time, and Resume after
-// any step, and checks every Write's outcome against a model of where the
+// any step, each step or Resume also done by two processes at once (two
+// pools, held at a gate and let go together), and checks every Write's outcome against a model of where the
 // aggregate lives. Whatever the interleaving, the events published from
 // both shards, in the order they were published, are sequences 1, 2, 3...
 // of the aggregate: no gap, no number used twice, no reorder; and at the
@@ -30,7 +31,7 @@ func TestModel(t *testing.T) {
 		h := &modelRun{t: rt, sides: shards, agg: fmt.Sprintf("m%d", iteration.Add(1))}
 		steps := rapid.IntRange(1, 40).Draw(rt, "steps")
 		for range steps {
-			switch rapid.SampledFrom([]string{"write", "write", "publish", "start", "step", "step", "resume"}).Draw(rt, "op") {
+			switch rapid.SampledFrom([]string{"write", "write", "publish", "start", "step", "step", "step2", "resume", "resume2"}).Draw(rt, "op") {
 			case "write":
 				h.write(rapid.IntRange(0, 1).Draw(rt, "shard"))
 			case "publish":
@@ -39,8 +40,12 @@ func TestModel(t *testing.T) {
 				h.start()
 			case "step":
 				h.step()
+			case "step2":
+				h.step2()
 			case "resume":
 				h.resume()
+			case "resume2":
+				h.resume2()
 			}
 		}
 		h.finish()
@@ -203,6 +208,116 @@ func (h *modelRun) step() {
 	}
 	require.NoError(h.t, err)
 	h.arrived()
+}
+
+// step2 takes the move's next step from two processes at once: two Runs
+// with its id, held before their first step and let go together. Both
+// end where one would.
+func (h *modelRun) step2() {
+	m := h.mv
+	if m == nil {
+		return
+	}
+	next := m.done + 1
+	if next >= 4 && h.undelivered(m.from) > 0 {
+		return
+	}
+	from, to := h.endpoints(m)
+	errs := h.twice(0, func(pause func(int)) error {
+		cfg := move.PauseAt(&move.Config{ID: m.id, PollInterval: modelCfg.PollInterval, Logger: quiet}, pause)
+		if next < 6 {
+			cfg = move.StopAfter(cfg, next)
+		}
+		_, err := move.Run(context.Background(), from, to, []move.Aggregate{{Type: "order", ID: h.agg}}, cfg)
+		return err
+	})
+	for _, err := range errs {
+		if next < 6 {
+			require.ErrorIs(h.t, err, move.ErrStopped)
+		} else {
+			require.NoError(h.t, err)
+		}
+	}
+	if next < 6 {
+		m.done = next
+		return
+	}
+	h.arrived()
+}
+
+// resume2 resumes the move from two processes at once, held where they
+// collide (the rollback on the target, or the first step) and let go
+// together. Both end where one Resume would.
+func (h *modelRun) resume2() {
+	m := h.mv
+	if m == nil {
+		return
+	}
+	if m.done >= 3 && h.undelivered(m.from) > 0 {
+		return
+	}
+	at := 0
+	switch {
+	case m.done == 0:
+		at = -2 // Resume of an unrecorded move reaches no step
+	case m.done < 3:
+		at = move.StepTargetRolledBack
+	}
+	from, to := h.endpoints(m)
+	errs := h.twice(at, func(pause func(int)) error {
+		return move.Resume(context.Background(), m.id, from, to, move.PauseAt(modelCfg, pause))
+	})
+	for _, err := range errs {
+		if m.done == 0 {
+			require.ErrorIs(h.t, err, move.ErrUnknownMove)
+		} else {
+			require.NoError(h.t, err)
+		}
+	}
+	switch {
+	case m.done == 0:
+		h.mv = nil
+	case m.done < 3:
+		st, err := move.Get(context.Background(), m.id, from, to)
+		require.NoError(h.t, err)
+		require.Equal(h.t, move.RolledBack, st.State)
+		h.known[m.to], h.mv = true, nil
+	default:
+		h.arrived()
+	}
+}
+
+// twice runs f in two goroutines, each with a pause that holds it at step
+// at until both got there (at -2: no hold), and returns their errors.
+func (h *modelRun) twice(at int, f func(pause func(int)) error) []error {
+	g := [2]*gate{newGate(at), newGate(at)}
+	errs := make(chan error, 2)
+	for _, g := range g {
+		go func() { errs <- f(g.pause) }()
+	}
+	var out []error
+	if at != -2 {
+		for _, g := range g {
+			select {
+			case <-g.reached:
+			case err := <-errs:
+				h.t.Fatalf("a process returned before step %d: %v", at, err)
+			case <-time.After(30 * time.Second):
+				h.t.Fatalf("a process did not reach step %d", at)
+			}
+		}
+	}
+	g[0].open()
+	g[1].open()
+	for range 2 {
+		select {
+		case err := <-errs:
+			out = append(out, err)
+		case <-time.After(60 * time.Second):
+			h.t.Fatalf("a process did not return")
+		}
+	}
+	return out
 }
 
 func (h *modelRun) arrived() {

@@ -47,7 +47,16 @@ type Config struct {
 	// stopAfter (1 prepare, 2 close, 3 open, 4 drain, 5 release), as a
 	// crash there would: for the tests.
 	stopAfter int
+	// pause, when set, is called before step 1 (with 0), after each step
+	// (with its number) and after a rollback ended the reservation on the
+	// target (with stepTargetRolledBack): the tests block a mover there
+	// to make it collide with another on purpose.
+	pause func(step int)
 }
+
+// stepTargetRolledBack is the step pause is called with once rollBack
+// ended the reservation on the target, before it reopens the source.
+const stepTargetRolledBack = -1
 
 // ErrBlocked is wrapped by the *BlockedError of a move that cannot drain.
 var ErrBlocked = errors.New("move: blocked by a dead event on the source")
@@ -96,15 +105,24 @@ func (e *BlockedError) Unwrap() error { return ErrBlocked }
 
 // ConflictError is a move that cannot start or open because of the
 // aggregate's state on one side: already moved or arriving on the source,
-// or numbered beyond the source on the target.
+// reserved by another move or numbered beyond the source on the target,
+// or a move id already used for another target. One from the reserve or
+// the close leaves nothing of the move under way: Run rolls back its
+// reservation on the target before it returns.
 type ConflictError struct {
 	Shard     string
 	Aggregate Aggregate
 	Reason    string
+	// Move is the other move that holds the aggregate, when one does.
+	Move string
 }
 
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("move: aggregate %s/%s on shard %q: %s", e.Aggregate.Type, e.Aggregate.ID, e.Shard, e.Reason)
+	s := fmt.Sprintf("move: aggregate %s/%s on shard %q: %s", e.Aggregate.Type, e.Aggregate.ID, e.Shard, e.Reason)
+	if e.Move != "" {
+		s += fmt.Sprintf(" (move %s; move.Get shows where it got to, and move.Resume finishes it if it was interrupted)", e.Move)
+	}
+	return s
 }
 
 // errStopped is what Run returns when Config.stopAfter cut it short.
@@ -118,6 +136,7 @@ type mover struct {
 	poll     time.Duration
 	log      *slog.Logger
 	stop     int
+	pause    func(step int)
 }
 
 func newMover(from, to Endpoint, cfg *Config) (*mover, error) {
@@ -133,7 +152,7 @@ func newMover(from, to Endpoint, cfg *Config) (*mover, error) {
 	if from.Shard.Name == to.Shard.Name {
 		return nil, fmt.Errorf("move: source and target are both shard %q; name two different shards", from.Shard.Name)
 	}
-	m := &mover{id: cfg.ID, from: from, to: to, poll: cfg.PollInterval, log: cfg.Logger, stop: cfg.stopAfter}
+	m := &mover{id: cfg.ID, from: from, to: to, poll: cfg.PollInterval, log: cfg.Logger, stop: cfg.stopAfter, pause: cfg.pause}
 	if m.poll <= 0 {
 		m.poll = 100 * time.Millisecond
 	}
@@ -177,8 +196,10 @@ func Run(ctx context.Context, from, to Endpoint, aggregates []Aggregate, cfg *Co
 // target was opened it drains and releases; if not, it rolls the move
 // back, and the aggregates stay on the source and take writes there
 // again (the target refuses them, naming the source). It returns
-// ErrUnknownMove when neither shard has a record of id. Do not run it
-// while a Run of the same move is still under way.
+// ErrUnknownMove when neither shard has a record of id. Two Resumes of
+// one move, or a Resume racing a Run of it, end the move once: both
+// finish it, or both see it rolled back (the Run with ErrRolledBack);
+// a Resume before the Run recorded anything returns ErrUnknownMove.
 func Resume(ctx context.Context, id string, from, to Endpoint, cfg *Config) error {
 	m, err := newMover(from, to, cfg)
 	if err != nil {
@@ -214,24 +235,37 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-func (m *mover) stopped(step int) bool { return m.stop == step }
+// after is called once step is done (0: before the first): it pauses
+// there and stops there when the tests asked for it.
+func (m *mover) after(step int) error {
+	if m.pause != nil {
+		m.pause(step)
+	}
+	if step > 0 && m.stop == step {
+		return errStopped
+	}
+	return nil
+}
 
 func (m *mover) run(ctx context.Context, aggs []Aggregate) error {
 	if err := m.checkDispatch(ctx); err != nil {
 		return err
 	}
+	if err := m.after(0); err != nil {
+		return err
+	}
 	if err := m.prepare(ctx, aggs); err != nil {
 		return err
 	}
-	if m.stopped(1) {
-		return errStopped
+	if err := m.after(1); err != nil {
+		return err
 	}
 	lasts, err := m.close(ctx, aggs)
 	if err != nil {
-		return err
+		return m.undo(ctx, err)
 	}
-	if m.stopped(2) {
-		return errStopped
+	if err := m.after(2); err != nil {
+		return err
 	}
 	if err := m.open(ctx, lasts); err != nil {
 		if errors.Is(err, ErrRolledBack) {
@@ -241,21 +275,21 @@ func (m *mover) run(ctx context.Context, aggs []Aggregate) error {
 		}
 		return err
 	}
-	if m.stopped(3) {
-		return errStopped
+	if err := m.after(3); err != nil {
+		return err
 	}
 	start := time.Now()
 	if err := m.drain(ctx); err != nil {
 		return err
 	}
-	if m.stopped(4) {
-		return errStopped
+	if err := m.after(4); err != nil {
+		return err
 	}
 	if err := m.release(ctx); err != nil {
 		return err
 	}
-	if m.stopped(5) {
-		return errStopped
+	if err := m.after(5); err != nil {
+		return err
 	}
 	if err := m.finish(ctx); err != nil {
 		return err
@@ -263,6 +297,22 @@ func (m *mover) run(ctx context.Context, aggs []Aggregate) error {
 	m.log.InfoContext(ctx, "move: done", slog.String("move_id", m.id), slog.String("from", m.from.Shard.Name),
 		slog.String("to", m.to.Shard.Name), slog.Int("aggregates", len(aggs)), slog.Duration("drained_in", time.Since(start)))
 	return nil
+}
+
+// undo rolls the move back when close failed with a *ConflictError:
+// another move holds an aggregate, so this one cannot go on, and its
+// reservation on the target would otherwise stay until someone resumed
+// it. Other errors leave the move where it got to, for Run or Resume to
+// finish.
+func (m *mover) undo(ctx context.Context, err error) error {
+	var ce *ConflictError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	if rbErr := m.rollBack(ctx); rbErr != nil {
+		return errors.Join(err, rbErr)
+	}
+	return fmt.Errorf("%w; this call's move %s from shard %q to %q is rolled back", err, m.id, m.from.Shard.Name, m.to.Shard.Name)
 }
 
 // checkDispatch refuses shards whose events change data capture
@@ -335,8 +385,17 @@ func (m *mover) prepare(ctx context.Context, aggs []Aggregate) error {
 			switch {
 			case move == m.id:
 			case arriving != nil:
-				return &ConflictError{Shard: m.to.Shard.Name, Aggregate: a, Reason: fmt.Sprintf("already arriving from shard %q", *arriving)}
+				return &ConflictError{Shard: m.to.Shard.Name, Aggregate: a, Move: move,
+					Reason: fmt.Sprintf("already arriving from shard %q; move it once that move is done", *arriving)}
 			case movedTo == nil:
+				in, err := lastMove(ctx, tx, m.toSQL, a, "in")
+				if err != nil {
+					return err
+				}
+				if in != "" {
+					return &ConflictError{Shard: m.to.Shard.Name, Aggregate: a, Move: in,
+						Reason: fmt.Sprintf("already lives here, up to sequence %d, since a move brought it", have)}
+				}
 				return &ConflictError{Shard: m.to.Shard.Name, Aggregate: a,
 					Reason: fmt.Sprintf("has events of its own up to sequence %d; a move expects none", have)}
 			}
@@ -355,6 +414,17 @@ func (m *mover) prepare(ctx context.Context, aggs []Aggregate) error {
 	}
 	m.log.InfoContext(ctx, "move: reserved on target", slog.String("move_id", m.id), slog.String("shard", m.to.Shard.Name))
 	return nil
+}
+
+// lastMove returns the id of the latest move of a recorded on the shard
+// of sql in direction ("out" or "in"), or "" when none is.
+func lastMove(ctx context.Context, tx pgx.Tx, sql tables.Moves, a Aggregate, direction string) (string, error) {
+	var id string
+	err := tx.QueryRow(ctx, sql.LastMove, a.Type, a.ID, direction).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return id, err
 }
 
 // record is one row of moves.
@@ -389,6 +459,11 @@ func (m *mover) records(ctx context.Context, db outbox.DB, sql tables.Moves, dir
 func (m *mover) close(ctx context.Context, aggs []Aggregate) (map[Aggregate]int64, error) {
 	lasts := map[Aggregate]int64{}
 	err := pgx.BeginFunc(ctx, m.from.DB, func(tx pgx.Tx) error {
+		// Another Run of the same move closes in turn: this one then
+		// finds its records.
+		if _, err := tx.Exec(ctx, m.fromSQL.LockMove, m.id); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, m.fromSQL.Records+" FOR UPDATE", m.id, "out")
 		if err != nil {
 			return err
@@ -406,7 +481,8 @@ func (m *mover) close(ctx context.Context, aggs []Aggregate) (map[Aggregate]int6
 				return fmt.Errorf("%w: %s; start a new move", ErrRolledBack, m.id)
 			}
 			if recs[0].peer != m.to.Shard.Name {
-				return fmt.Errorf("move %s goes to shard %q, not %q", m.id, recs[0].peer, m.to.Shard.Name)
+				return &ConflictError{Shard: m.from.Shard.Name, Aggregate: recs[0].agg, Move: m.id,
+					Reason: fmt.Sprintf("move %s goes to shard %q, not %q; a move id names one move: start a new move", m.id, recs[0].peer, m.to.Shard.Name)}
 			}
 			for _, r := range recs {
 				lasts[r.agg] = r.lastSeq
@@ -417,16 +493,30 @@ func (m *mover) close(ctx context.Context, aggs []Aggregate) (map[Aggregate]int6
 			var (
 				last              int64
 				movedTo, arriving *string
+				move              string
 			)
-			if err := tx.QueryRow(ctx, m.fromSQL.LockSource, a.Type, a.ID).Scan(&last, &movedTo, &arriving); err != nil {
+			if err := tx.QueryRow(ctx, m.fromSQL.LockSource, a.Type, a.ID).Scan(&last, &movedTo, &arriving, &move); err != nil {
 				return err
 			}
-			if movedTo != nil {
-				return &ConflictError{Shard: m.from.Shard.Name, Aggregate: a, Reason: fmt.Sprintf("already moved to shard %q", *movedTo)}
-			}
 			if arriving != nil {
-				return &ConflictError{Shard: m.from.Shard.Name, Aggregate: a,
-					Reason: fmt.Sprintf("still arriving from shard %q; let that move finish first", *arriving)}
+				return &ConflictError{Shard: m.from.Shard.Name, Aggregate: a, Move: move,
+					Reason: fmt.Sprintf("is reserved or still arriving from shard %q; let that move finish first", *arriving)}
+			}
+			if movedTo != nil {
+				if move, err = lastMove(ctx, tx, m.fromSQL, a, "out"); err != nil {
+					return err
+				}
+				// A row naming the target at 0, with no move out of here,
+				// is what a rolled-back reservation by a move from the
+				// target left: this shard never numbered the aggregate,
+				// so close it as a new one. Refusing would leave it
+				// refused on both shards when the target's row is such a
+				// leftover too (two moves of a never-written aggregate,
+				// both ways at once).
+				if *movedTo != m.to.Shard.Name || last != 0 || move != "" {
+					return &ConflictError{Shard: m.from.Shard.Name, Aggregate: a, Move: move,
+						Reason: fmt.Sprintf("already moved to shard %q; move it from there", *movedTo)}
+				}
 			}
 			if _, err := tx.Exec(ctx, m.fromSQL.CloseSource, a.Type, a.ID, m.to.Shard.Name, m.id, last); err != nil {
 				return err
@@ -583,6 +673,9 @@ func (m *mover) rollBack(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("move %s: end the reservation on shard %q: %w", m.id, m.to.Shard.Name, err)
 	}
+	if m.pause != nil && !opened {
+		m.pause(stepTargetRolledBack)
+	}
 	if opened {
 		in, err := m.records(ctx, m.to.DB, m.toSQL, "in")
 		if err != nil {
@@ -595,10 +688,22 @@ func (m *mover) rollBack(ctx context.Context) error {
 		return m.run(ctx, aggs)
 	}
 	err = pgx.BeginFunc(ctx, m.from.DB, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, m.fromSQL.LockMove, m.id); err != nil {
+			return err
+		}
+		out, err := m.records(ctx, tx, m.fromSQL, "out")
+		if err != nil {
+			return err
+		}
+		if len(out) > 0 && out[0].peer != m.to.Shard.Name {
+			// The source's records of this id are of a move to another
+			// shard (an id used twice): not this one's to undo.
+			return nil
+		}
 		if _, err := tx.Exec(ctx, m.fromSQL.ReopenSource, m.id); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, m.fromSQL.SetState, m.id, "out", "rolled_back")
+		_, err = tx.Exec(ctx, m.fromSQL.SetState, m.id, "out", "rolled_back")
 		return err
 	})
 	if err != nil {

@@ -7,8 +7,10 @@ type Moves struct {
 	DispatchMode string
 	// Records reads move $1's rows of direction $2 ('out' on the source, 'in' on the target) in key order: aggregate type and id, peer, last_seq, state.
 	Records string
-	// LockSource locks aggregate ($1, $2)'s sequence row on the source, creating it at 0, and returns last_seq, moved_to and arriving_from.
+	// LockSource locks aggregate ($1, $2)'s sequence row on the source, creating it at 0, and returns last_seq, moved_to, arriving_from and arriving_move ('' for none).
 	LockSource string
+	// LastMove returns the id of the latest move of aggregate ($1, $2) recorded on the shard in direction $3, if any.
+	LastMove string
 	// CloseSource marks aggregate ($1, $2) moved to shard $3 and records move $4's 'out' row at last sequence $5.
 	CloseSource string
 	// LockMove takes move $1's transaction-scoped advisory lock.
@@ -57,14 +59,18 @@ WHERE move_id = $1 AND direction = $2 ORDER BY aggregate_type, aggregate_id`),
 		// its first event on the target is 1.
 		LockSource: q(`INSERT INTO {schema}.sequences AS s (aggregate_type, aggregate_id, last_seq) VALUES ($1, $2, 0)
 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq
-RETURNING last_seq, moved_to, arriving_from`),
+RETURNING last_seq, moved_to, arriving_from, coalesce(arriving_move, '')`),
+		LastMove: q(`SELECT move_id FROM {schema}.moves WHERE direction = $3 AND aggregate_type = $1 AND aggregate_id = $2
+ORDER BY started_at DESC, move_id LIMIT 1`),
 		CloseSource: q(`WITH moved AS (
     UPDATE {schema}.sequences SET moved_to = $3 WHERE aggregate_type = $1 AND aggregate_id = $2
 )
 INSERT INTO {schema}.moves (move_id, direction, aggregate_type, aggregate_id, peer, last_seq, state)
 VALUES ($4, 'out', $1, $2, $3, $5, 'closed')`),
 		// Every step on the target takes this lock first, so that a
-		// rollback and an open of the same move never both succeed.
+		// rollback and an open of the same move never both succeed; the
+		// close and the rollback's reopen on the source take it too, so
+		// that two closes of the same move never both find it unclosed.
 		LockMove: `SELECT pg_advisory_xact_lock(hashtext('outbox.move:' || $1))`,
 		InState:  q(`SELECT count(*), min(state) FROM {schema}.moves WHERE move_id = $1 AND direction = 'in'`),
 		// The insert reserves an aggregate the target never saw; the lock
