@@ -333,10 +333,16 @@ func auditOutcomes(t *testing.T, db *pgtest.DB, id int64) map[operator.Outcome]i
 func TestRequestClaims(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	const lease = 300 * time.Millisecond
+	// lease is short, so that a stalled or dead process's lease runs out
+	// soon. heartbeatLease is for the tests whose first process must keep
+	// its lease throughout: it renews every third of a lease, and on a
+	// loaded machine a renewal can come 200 ms late, which would let a
+	// 300 ms lease lapse and the second process take the request up.
+	const lease, heartbeatLease = 300 * time.Millisecond, time.Second
 	type bundle struct {
-		db *pgtest.DB
-		e  *effects
+		db    *pgtest.DB
+		e     *effects
+		lease time.Duration
 	}
 	setup := func(t *testing.T, aggs ...string) *bundle {
 		t.Helper()
@@ -349,7 +355,7 @@ func TestRequestClaims(t *testing.T) {
 			processAll(t, p, 1, rec(agg, 1, agg+"1"))
 			e.setFail(agg, nil)
 		}
-		return &bundle{db: db, e: e}
+		return &bundle{db: db, e: e, lease: lease}
 	}
 	// processor is a process of consumer svc with handler h, claiming
 	// under lease with beat before each renewal; its log goes to log.
@@ -362,7 +368,7 @@ func TestRequestClaims(t *testing.T) {
 		}
 		p, err := consumer.Handle(b.db.Pool, "svc", h, cfg)
 		require.NoError(t, err)
-		consumer.SetRequestLease(p, lease, beat)
+		consumer.SetRequestLease(p, b.lease, beat)
 		return p
 	}
 	submit := func(t *testing.T, b *bundle, r *operator.Request) int64 {
@@ -393,6 +399,7 @@ func TestRequestClaims(t *testing.T) {
 	t.Run("TheHeartbeatKeepsTheLeaseThroughALongAction", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, "a")
+		b.lease = heartbeatLease
 		g := newGate(b.e, "a1", false)
 		first := processor(t, b, g, nil, nil)
 		t.Cleanup(g.open)
@@ -403,7 +410,7 @@ func TestRequestClaims(t *testing.T) {
 		// action lasts many leases.
 		serve(t, processor(t, b, b.e, nil, nil))
 		started := requestRow(t, b.db, id).StartedAt
-		eventually.True(t, 20*time.Second, func() bool { return time.Since(*started) > 5*lease }, "five leases pass")
+		eventually.True(t, 20*time.Second, func() bool { return time.Since(*started) > 5*b.lease }, "five leases pass")
 		var live bool
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT lease_until > now() FROM `+b.db.Table("operator_requests")+` WHERE id = $1`, id).Scan(&live))
 		require.True(t, live, "the lease was renewed while the action ran")
@@ -419,9 +426,10 @@ func TestRequestClaims(t *testing.T) {
 	t.Run("TheHeartbeatKeepsTheLeaseThroughRatesPause", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, "a", "b")
+		b.lease = heartbeatLease
 		first := processor(t, b, b.e, nil, nil)
-		// Two letters at 0.5 a second: a pause of 2 s, many leases.
-		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true, Rate: 0.5})
+		// Two letters at 0.25 a second: a pause of 4 s, four leases.
+		id := submit(t, b, &operator.Request{Consumer: "svc", Action: operator.Replay, All: true, Rate: 0.25})
 		done := serveOne(first)
 		// The second process starts once the first holds the request, so
 		// that only a lapsed lease could let it take the request up.

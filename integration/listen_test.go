@@ -56,35 +56,36 @@ func (g *listenGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 
 // TestScenarioListenerLost terminates the relay's LISTEN connection and
 // keeps it from coming back while writes go on, a few times on a seeded
-// schedule. Every event, written while the listener is up or down, must be
-// consumed within PollInterval plus a margin of its commit: the poll, not
-// the notification, bounds the latency. RebalanceInterval is far above
-// that bound, so a relay that only woke on notifications and rebalances
-// would miss it.
+// schedule. Every event written while the listener is down must be
+// consumed before the listener comes back: its notification is lost, and
+// RebalanceInterval is an hour, so only the poll can find its row. A relay
+// that only woke on notifications and rebalances would leave those events
+// waiting until the test gives up. Commit-to-consume latencies are logged,
+// not asserted: on a loaded machine they say nothing about the poll.
 func TestScenarioListenerLost(t *testing.T) {
 	t.Parallel()
 	rng := scenarioRand(t)
 	s := newScenario(t, rng, broker(t), 2)
 	s.startConsumer()
 	cfg := scenarioRelayConfig()
-	cfg.PollInterval = 300 * time.Millisecond
-	cfg.RebalanceInterval = 6 * time.Second
-	const margin = 1500 * time.Millisecond // scheduling, the consumer's fetch, -race on two cores
-	bound := cfg.PollInterval + margin
+	const poll = 300 * time.Millisecond
+	cfg.PollInterval = poll
+	cfg.RebalanceInterval = time.Hour
 	gate := newListenGate()
 	r := s.startRelay("a", cfg, gate)
 
 	var up, down []string // event ids written with the listener up and down
 	// write commits n events, one per transaction, at random intervals, and
-	// goes on until at least minFor has passed.
-	write := func(into *[]string, n int, minFor time.Duration) {
-		start := time.Now()
+	// goes on until at least minFor has passed. It returns their ids.
+	write := func(into *[]string, n int, minFor time.Duration) []string {
+		start, from := time.Now(), len(*into)
 		for i := 0; i < n || time.Since(start) < minFor; i++ {
 			ids, ok := s.attempt([]producer.Event{s.event(fmt.Sprintf("agg-%02d", rng.IntN(10)))}, false)
 			require.True(t, ok, "write failed")
 			*into = append(*into, ids...)
 			pause(context.Background(), time.Duration(20+rng.IntN(400))*time.Millisecond)
 		}
+		return (*into)[from:]
 	}
 	outages := 2 + rng.IntN(2)
 	for i := range outages {
@@ -93,9 +94,11 @@ func TestScenarioListenerLost(t *testing.T) {
 		n := s.terminateListener(r.app)
 		waitClosed(t, gate.waiting, 30*time.Second, "the listener to reconnect and stop at the gate")
 		t.Logf("outage %d: terminated %d listener session(s); the listener waits at the gate", i+1, n)
-		// Longer than the bound: an event written early in the outage
-		// that only the listener's return could deliver would miss it.
-		write(&down, 5+rng.IntN(8), 2*bound)
+		// Several polls long, so that some events wait for a poll that
+		// is not the first after the listener went.
+		written := write(&down, 5+rng.IntN(8), 3*poll)
+		s.waitConsumed(written, 30*time.Second)
+		t.Logf("outage %d: the %d events written meanwhile consumed with the listener still down", i+1, len(written))
 		gate.open()
 	}
 	write(&up, 3, 0)
@@ -106,9 +109,8 @@ func TestScenarioListenerLost(t *testing.T) {
 		lat := s.latencies(ids)
 		require.NotEmpty(t, lat)
 		slices.Sort(lat)
-		t.Logf("listener %s: %d events, commit-to-consume latency min %s, median %s, max %s (bound %s)",
-			what, len(lat), lat[0].Round(time.Millisecond), lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond), bound)
-		require.LessOrEqual(t, lat[len(lat)-1], bound, "with the listener %s, an event waited longer than PollInterval (%s) plus %s", what, cfg.PollInterval, margin)
+		t.Logf("listener %s: %d events, commit-to-consume latency min %s, median %s, max %s",
+			what, len(lat), lat[0].Round(time.Millisecond), lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
 	}
 	report("up", up)
 	report("down", down)

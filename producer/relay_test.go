@@ -464,17 +464,19 @@ VALUES (gen_random_uuid(), 'plain-sql', 'account', 'a', 1, 'funds.moved', $1, 'p
 
 	t.Run("LeaseOfAPreviousOwnerHoldsOnlyItsAggregates", func(t *testing.T) {
 		t.Parallel()
-		// Seq 1 of k is leased for two more seconds, as a relay that died
+		// Seq 1 of k is leased for ten more seconds, as a relay that died
 		// mid-batch leaves it. The relay that takes the bucket holds k
 		// until the lease ends, and publishes the bucket's other aggregate
-		// at once.
+		// at once. The checks below need the neighbour out before the
+		// lease ends: a relay's start, claim and publish under -race on a
+		// loaded machine can take more than two seconds, so the lease is long.
 		b := newBundle(t, 1)
 		var neighbour string
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT 'n-' || g FROM generate_series(1, 10000) g
 WHERE hashtext('account:n-' || g) % 64 = hashtext('account:k') % 64 LIMIT 1`).Scan(&neighbour))
 		written := b.write(t, b.event("k"), b.event("k"), b.event(neighbour))
 		var leasedUntil time.Time
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `UPDATE `+b.db.Table("events")+` SET leased_until = now() + interval '2 seconds'
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `UPDATE `+b.db.Table("events")+` SET leased_until = now() + interval '10 seconds'
 WHERE id = $1 RETURNING leased_until`, written[0].ID).Scan(&leasedUntil))
 
 		relay := b.startRelayWith(t, &producer.RelayConfig{PollInterval: 10 * time.Millisecond})
