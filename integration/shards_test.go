@@ -81,6 +81,13 @@ func TestScenarioManyShards(t *testing.T) {
 	t.Logf("schedule (%d members at Concurrency %d): %v", members, concurrency, log)
 	t.Logf("moves: %v", mv.log)
 	g.waitApplied(g.applied()+100, 60*time.Second, "traffic after the last move")
+	// Enough traffic for the check below to say something, whatever the
+	// steps' waits added up to (each ends early once the group caught up).
+	waitUntil(t, 60*time.Second, "more than 1,000 events committed", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.committed) > 1000
+	})
 	stopWriters()
 
 	g.drain(90 * time.Second)
