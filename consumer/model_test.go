@@ -68,7 +68,6 @@ import (
 // a fail file under testdata/rapid) to reproduce it.
 func TestModel(t *testing.T) {
 	t.Parallel()
-	setModelChecks(t)
 	db := pgtest.New(t, &pgtest.Opts{MaxConns: 20})
 	table := db.Table("model_effects")
 	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE `+table+` (
@@ -119,32 +118,29 @@ const modelChecksCI = 200
 
 var modelLong = flag.Bool("model.long", false, "TestModel: run 2000 sequences instead of the CI's "+strconv.Itoa(modelChecksCI)+" (or set OUTBOX_MODEL_CHECKS)")
 
-var modelChecksOnce sync.Once
-
 // setModelChecks sets rapid's number of checks for TestModel and
 // TestRouteModel, unless the run chose one with -rapid.checks or
-// RAPID_CHECKS. rapid reads it from its flag only, so the flag is set,
-// once, before any rapid.Check of the package runs, and so counts for
-// the package's other rapid tests too.
-func setModelChecks(t *testing.T) {
-	t.Helper()
-	modelChecksOnce.Do(func() {
-		explicit := false
-		flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "rapid.checks" })
-		if _, env := os.LookupEnv("RAPID_CHECKS"); explicit || env {
-			return
+// RAPID_CHECKS. rapid reads it from its flag only, so TestMain sets the
+// flag before any test runs (set from a parallel test, it raced with the
+// package's other rapid tests reading it), and it counts for those tests
+// too.
+func setModelChecks() error {
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "rapid.checks" })
+	if _, env := os.LookupEnv("RAPID_CHECKS"); explicit || env {
+		return nil
+	}
+	n := modelChecksCI
+	if *modelLong {
+		n = 2000
+	}
+	if v := os.Getenv("OUTBOX_MODEL_CHECKS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			return fmt.Errorf("OUTBOX_MODEL_CHECKS: %w", err)
 		}
-		n := modelChecksCI
-		if *modelLong {
-			n = 2000
-		}
-		if v := os.Getenv("OUTBOX_MODEL_CHECKS"); v != "" {
-			var err error
-			n, err = strconv.Atoi(v)
-			require.NoError(t, err, "OUTBOX_MODEL_CHECKS")
-		}
-		require.NoError(t, flag.Set("rapid.checks", strconv.Itoa(n)))
-	})
+	}
+	return flag.Set("rapid.checks", strconv.Itoa(n))
 }
 
 const (

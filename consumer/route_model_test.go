@@ -57,7 +57,6 @@ import (
 // prints -rapid.seed=... to reproduce it.
 func TestRouteModel(t *testing.T) {
 	t.Parallel()
-	setModelChecks(t)
 	var targets []*routeModelTarget
 	for _, name := range routeModelTargets {
 		db := pgtest.New(t, &pgtest.Opts{MaxConns: 10})
