@@ -65,12 +65,7 @@ func TestRaceTogether(t *testing.T) {
 				g1.wait(t, r1)
 			}
 			r2 := w.goRun("A", "B", "m", xy, g2.pause)
-			g1.wait(t, r1)
-			g2.wait(t, r2)
-			g1.open()
-			g2.open()
-			require.NoError(t, get(t, r1).err)
-			require.NoError(t, get(t, r2).err)
+			bothSucceed(t, g1, r1, g2, r2)
 			require.Equal(t, move.Done, w.ended("A", "B", "m"))
 			w.finish()
 		})
@@ -202,12 +197,7 @@ func TestRaceResume(t *testing.T) {
 			}
 			g1, g2 := newGate(at), newGate(at)
 			r1, r2 := w.goResume("A", "B", "m", g1.pause), w.goResume("A", "B", "m", g2.pause)
-			g1.wait(t, r1)
-			g2.wait(t, r2)
-			g1.open()
-			g2.open()
-			require.NoError(t, get(t, r1).err)
-			require.NoError(t, get(t, r2).err)
+			bothSucceed(t, g1, r1, g2, r2)
 			want := move.Done
 			if step <= 2 {
 				want = move.RolledBack

@@ -339,3 +339,15 @@ func get(t *testing.T, c <-chan result) result {
 		return result{}
 	}
 }
+
+// bothSucceed waits until the movers r1 and r2 are held at their gates g1
+// and g2, lets both go at once, and requires both to succeed.
+func bothSucceed(t *testing.T, g1 *gate, r1 <-chan result, g2 *gate, r2 <-chan result) {
+	t.Helper()
+	g1.wait(t, r1)
+	g2.wait(t, r2)
+	g1.open()
+	g2.open()
+	require.NoError(t, get(t, r1).err)
+	require.NoError(t, get(t, r2).err)
+}
