@@ -31,6 +31,9 @@ type pipeline struct {
 	mu          sync.Mutex
 	committed   map[string]time.Time // event id -> commit time, guarded by mu
 	writeErrors int                  // guarded by mu
+	// unsettled are the transactions whose COMMIT failed, guarded by mu;
+	// waitApplied settles them.
+	unsettled []unsettled
 
 	duplicates, parked, dead atomic.Int64
 }
@@ -107,10 +110,18 @@ func pause(ctx context.Context, d time.Duration) {
 	}
 }
 
+// unsettled is a transaction whose COMMIT failed: its outcome is unknown.
+type unsettled struct {
+	written []producer.Written
+	events  []producer.Event
+}
+
 // attempt writes events in one transaction and commits or rolls it back,
 // and records the attempt. A commit whose outcome is unknown (the server
-// went away during COMMIT) is settled by looking the events up once the
-// server is back, in settle.
+// went away during COMMIT) is settled once the writers stopped, in
+// settle: looked up at once, on a server going down, a transaction whose
+// commit record was flushed but not yet made visible is not found, and
+// after the restart it is committed.
 func (p *pipeline) attempt(events []producer.Event, rollback bool) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -139,7 +150,9 @@ func (p *pipeline) attempt(events []producer.Event, rollback bool) bool {
 	now := time.Now()
 	if err != nil {
 		p.failed()
-		p.settle(written, events)
+		p.mu.Lock()
+		p.unsettled = append(p.unsettled, unsettled{written: written, events: events})
+		p.mu.Unlock()
 		return false
 	}
 	p.mu.Lock()
@@ -151,10 +164,21 @@ func (p *pipeline) attempt(events []producer.Event, rollback bool) bool {
 	return true
 }
 
-// settle finds out whether events whose COMMIT failed were committed: an
-// event exists if and only if its transaction committed. It waits for the
-// server to answer.
-func (p *pipeline) settle(written []producer.Written, events []producer.Event) {
+// settle finds out whether the events of each unsettled transaction were
+// committed, once the writers stopped: an event exists if and only if its
+// transaction committed. It waits for the server to answer.
+func (p *pipeline) settle() {
+	p.mu.Lock()
+	txs := p.unsettled
+	p.unsettled = nil
+	p.mu.Unlock()
+	for _, tx := range txs {
+		p.settleOne(tx.written, tx.events)
+	}
+}
+
+// settleOne settles one transaction whose COMMIT failed.
+func (p *pipeline) settleOne(written []producer.Written, events []producer.Event) {
 	ids := make([]string, len(written))
 	for i, w := range written {
 		ids[i] = w.EventID
@@ -278,9 +302,12 @@ func (p *pipeline) applied() int {
 	return n
 }
 
-// waitApplied waits until every committed event has an effect row.
+// waitApplied settles the commits that failed (settle) and waits until
+// every committed event has an effect row. Call it once the writers
+// stopped.
 func (p *pipeline) waitApplied(within time.Duration) {
 	p.t.Helper()
+	p.settle()
 	var got int
 	if !eventually.Within(within, func() bool {
 		got = p.applied()
