@@ -41,10 +41,14 @@ func (w *shardWorld) newMover(rng *rand.Rand, aggregates int) *mover {
 	return m
 }
 
-// start waits for the move under way, if any, starts the next one and says
-// which.
+// start starts the next move and says which. The move before it must have
+// ended (wait): waited for here, it could need a fleet the caller has just
+// killed, and would wait for the restart that comes after start returns.
 func (m *mover) start() string {
-	m.wait()
+	m.w.t.Helper()
+	if m.running != nil {
+		m.w.t.Fatal("mover.start while a move runs: wait for it before the fleets go down")
+	}
 	p := m.pairs[0]
 	m.pairs = m.pairs[1:]
 	from, to := p[0], p[1]

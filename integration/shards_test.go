@@ -57,6 +57,10 @@ func TestScenarioManyShards(t *testing.T) {
 	for i, step := range steps {
 		down := time.Duration(100+rng.IntN(700)) * time.Millisecond
 		if names, ok := strings.CutPrefix(step, "fleet "); ok {
+			// The previous move may still wait for a fleet to deliver
+			// (a lease of a fleet killed before it); with every fleet
+			// down it would wait forever.
+			mv.wait()
 			what := ""
 			for _, name := range strings.Fields(names) {
 				n := w.killFleet(fleets[name])
