@@ -669,6 +669,20 @@ func (h *modelHarness) drawEvent(t *rapid.T, match func(*mEvent) bool) *mEvent {
 	return h.events[rapid.SampledFrom(keys).Draw(t, "event")]
 }
 
+// owed is what finish delivers: a record of every event neither delivered
+// nor lost, in sequence order, each now counted as delivered.
+func (h *modelHarness) owed() []mRecord {
+	var owed []mRecord
+	for _, k := range slices.Sorted(maps.Keys(h.events)) {
+		if e := h.events[k]; !e.delivered && !e.lost {
+			owed = append(owed, h.instance(mRecord{kind: recGood, agg: e.agg, seq: e.seq, key: e.key}))
+			e.delivered = true
+		}
+	}
+	sort.SliceStable(owed, func(i, j int) bool { return owed[i].seq < owed[j].seq })
+	return owed
+}
+
 // instance gives r a rid (its offset) and builds its record.
 func (h *modelHarness) instance(r mRecord) mRecord {
 	r.rid = h.nextRid
@@ -894,14 +908,7 @@ func (h *modelHarness) finish(t *rapid.T) {
 		h.setFault(k, faultNone)
 	}
 	h.logf("heal all")
-	var owed []mRecord
-	for _, k := range slices.Sorted(maps.Keys(h.events)) {
-		if e := h.events[k]; !e.delivered && !e.lost {
-			owed = append(owed, h.instance(mRecord{kind: recGood, agg: e.agg, seq: e.seq, key: e.key}))
-			e.delivered = true
-		}
-	}
-	sort.SliceStable(owed, func(i, j int) bool { return owed[i].seq < owed[j].seq })
+	owed := h.owed()
 	for len(h.pending) > 0 || len(owed) > 0 {
 		n := min(len(owed), 4)
 		h.doPoll(t, append(slices.Clone(h.pending), owed[:n]...))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -532,14 +531,7 @@ func (h *routeHarness) finish(t *rapid.T) {
 	clear(h.owner.fails)
 	h.owner.mu.Unlock()
 	h.logf("heal all, Owner too")
-	var owed []mRecord
-	for _, k := range slices.Sorted(maps.Keys(h.events)) {
-		if e := h.events[k]; !e.delivered && !e.lost {
-			owed = append(owed, h.instance(mRecord{kind: recGood, agg: e.agg, seq: e.seq, key: e.key}))
-			e.delivered = true
-		}
-	}
-	sort.SliceStable(owed, func(i, j int) bool { return owed[i].seq < owed[j].seq })
+	owed := h.owed()
 	for len(h.pending) > 0 || len(owed) > 0 {
 		n := min(len(owed), 4)
 		h.doPoll(t, append(slices.Clone(h.pending), owed[:n]...), "")

@@ -44,7 +44,7 @@ type group struct {
 	members []*member // running, guarded by mu
 	started int       // guarded by mu
 
-	duplicates, parked, dead atomic.Int64
+	outcomes
 }
 
 // member is one running group member: its own pool and client.
@@ -84,7 +84,7 @@ func (s *scenario) newGroup(cfg consumer.Config) *group {
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = 5 * time.Second
 	}
-	g := &group{s: s, name: "ledger", group: "group-" + s.topic, cfg: cfg}
+	g := &group{s: s, name: "ledger", group: "group-" + s.topic, cfg: cfg, outcomes: outcomes{rec: &s.rec}}
 	g.cfg.Tracer = g
 	return g
 }
@@ -102,23 +102,30 @@ func (g *group) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Message) erro
 	return err
 }
 
-// TraceRecordStart is the start of a consumer.Tracer, which the group is
+// outcomes is a consumer.Tracer for a group's members: it counts their
+// outcomes and records each skip in the history as it happens.
+type outcomes struct {
+	rec                      *history.Recorder
+	duplicates, parked, dead atomic.Int64
+}
+
+// TraceRecordStart is the start of a consumer.Tracer, which outcomes is
 // for its end.
-func (g *group) TraceRecordStart(ctx context.Context, _ *kgo.Record) context.Context { return ctx }
+func (o *outcomes) TraceRecordStart(ctx context.Context, _ *kgo.Record) context.Context { return ctx }
 
 // TraceRecordEnd records skips as they happen and counts outcomes.
-func (g *group) TraceRecordEnd(_ context.Context, rec *kgo.Record, res consumer.Result, err error) {
+func (o *outcomes) TraceRecordEnd(_ context.Context, rec *kgo.Record, res consumer.Result, err error) {
 	if err != nil {
 		return
 	}
 	switch res.Outcome {
 	case consumer.Duplicate:
-		g.duplicates.Add(1)
-		g.s.rec.Handle(skipped(rec))
+		o.duplicates.Add(1)
+		o.rec.Handle(skipped(rec))
 	case consumer.Parked:
-		g.parked.Add(1)
+		o.parked.Add(1)
 	case consumer.DeadLettered:
-		g.dead.Add(1)
+		o.dead.Add(1)
 	}
 }
 

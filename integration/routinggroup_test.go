@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,7 +28,7 @@ type routingGroup struct {
 	started int
 	members []*routingMember
 
-	duplicates, parked, dead atomic.Int64
+	outcomes
 }
 
 // routingMember is one running member.
@@ -50,28 +49,6 @@ func (g *routingGroup) Handle(ctx context.Context, tx pgx.Tx, m *consumer.Messag
 	_, err := tx.Exec(ctx, `INSERT INTO `+g.w.targetOf(m.AggregateID).db.Table("effects")+` (event_id, aggregate_type, aggregate_id, seq) VALUES ($1, $2, $3, $4)`,
 		m.IdempotencyKey, m.AggregateType, m.AggregateID, m.Seq)
 	return err
-}
-
-// TraceRecordStart is the start of a consumer.Tracer, which the group is
-// for its end.
-func (g *routingGroup) TraceRecordStart(ctx context.Context, _ *kgo.Record) context.Context {
-	return ctx
-}
-
-// TraceRecordEnd records skips as they happen and counts outcomes.
-func (g *routingGroup) TraceRecordEnd(_ context.Context, rec *kgo.Record, res consumer.Result, err error) {
-	if err != nil {
-		return
-	}
-	switch res.Outcome {
-	case consumer.Duplicate:
-		g.duplicates.Add(1)
-		g.w.rec.Handle(skipped(rec))
-	case consumer.Parked:
-		g.parked.Add(1)
-	case consumer.DeadLettered:
-		g.dead.Add(1)
-	}
 }
 
 func (g *routingGroup) groupName() string { return "group-" + g.w.topic }

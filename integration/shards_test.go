@@ -36,7 +36,7 @@ func TestScenarioManyShards(t *testing.T) {
 	t.Parallel()
 	rng := scenarioRand(t)
 	w := newShardWorld(t, broker(t), 6)
-	g := &routingGroup{w: w}
+	g := &routingGroup{w: w, outcomes: outcomes{rec: &w.rec}}
 	concurrency := 1 + 3*rng.IntN(2)
 	members := 2 + rng.IntN(2)
 	for range members {
