@@ -54,7 +54,8 @@ import (
 //	commit    handler returned -> the transaction committed (TraceRecordEnd)
 //
 // Medians of legs do not add up to the median of the whole; the means,
-// which do, are logged (-v). claims/s is how often the relay claimed,
+// which do, are logged (-v), and so are the means over the events at p99
+// or slower: where the tail's time goes. claims/s is how often the relay claimed,
 // empty claims included, while the writes went on: what its polling costs
 // the database.
 //
@@ -318,9 +319,9 @@ func endToEnd(b *testing.B, rate, perTx, batch int, dur time.Duration) e2eLatenc
 		s := clock.stamps[id]
 		require.NotNil(b, s, "event %s has no stamps", id)
 		s[stampCommitted] = at
-		for i := range l.legs {
-			if !s[i].IsZero() && !s[i+1].IsZero() {
-				legs[i] = append(legs[i], s[i+1].Sub(s[i]))
+		for i, d := range s.legs() {
+			if d != nil {
+				legs[i] = append(legs[i], *d)
 			}
 		}
 		whole = append(whole, s[stampEnded].Sub(at))
@@ -336,7 +337,48 @@ func endToEnd(b *testing.B, rate, perTx, batch int, dur time.Duration) e2eLatenc
 		}
 	}
 	b.Log(means)
+	b.Log(tailMeans(clock.stamps, committed, l.p99))
 	return l
+}
+
+// legs are the durations of s's legs, in the order of legNames; nil where
+// a stamp is missing.
+func (s *e2eStamps) legs() [len(e2eStamps{}) - 1]*time.Duration {
+	var out [len(e2eStamps{}) - 1]*time.Duration
+	for i := range out {
+		if !s[i].IsZero() && !s[i+1].IsZero() {
+			d := s[i+1].Sub(s[i])
+			out[i] = &d
+		}
+	}
+	return out
+}
+
+// tailMeans says where the slowest events' time went: the mean of each leg
+// over the events whose whole way took p99 or longer.
+func tailMeans(stamps map[string]*e2eStamps, committed map[string]time.Time, p99 time.Duration) string {
+	tail := make([][]time.Duration, len(legNames))
+	var whole []time.Duration
+	for id := range committed {
+		s := stamps[id]
+		d := s[stampEnded].Sub(s[stampCommitted])
+		if d < p99 {
+			continue
+		}
+		whole = append(whole, d)
+		for i, d := range s.legs() {
+			if d != nil {
+				tail[i] = append(tail[i], *d)
+			}
+		}
+	}
+	out := fmt.Sprintf("means (ms) of the %d events at p99 or slower: whole %.3f", len(whole), mean(whole))
+	for i, d := range tail {
+		if len(d) > 0 {
+			out += fmt.Sprintf(", %s %.3f", legNames[i], mean(d))
+		}
+	}
+	return out
 }
 
 // mean is the mean of ds in milliseconds.
