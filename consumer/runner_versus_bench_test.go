@@ -30,8 +30,9 @@ import (
 // the keys and inserting the effects with one multi-row statement each
 // per transaction and keeping no positions. Eight partitions, 10,000 aggregates,
 // records pre-produced to kfake, PostgreSQL on the same machine. The modes
-// take turns, each on a topic of its own with the same records, rounds
-// times in one run (which goes first rotating), and the benchmark reports
+// take turns, each on a topic of its own with the same records, in as
+// many rounds as there are modes (which goes first rotating, so each mode
+// runs once in each place of the order), and the benchmark reports
 // each mode's median records/s, the runner's records per transaction and
 // how many times its client decoded each record (franz-go refetches what
 // it drops of a paused partition), and
@@ -51,8 +52,8 @@ func BenchmarkRunnerVersusProcess(b *testing.B) {
 // benchVersus runs the rounds of BenchmarkRunnerVersusProcess with batch
 // records per transaction over n records.
 func benchVersus(b *testing.B, batch, n int) {
-	const rounds = 3
 	modes := []string{"loop", "runner", "ideal", "preloaded"}
+	rounds := len(modes)
 	for b.Loop() {
 		rig := newRunnerRig(b, 24)
 		spread := byKey(8)
