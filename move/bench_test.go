@@ -41,7 +41,7 @@ func BenchmarkMove(b *testing.B) {
 				name = fmt.Sprintf("poll=%s", poll)
 			}
 			b.Run(fmt.Sprintf("aggregates=%d/%s", aggs, name), func(b *testing.B) {
-				benchmarkMove(b, aggs, &move.Config{PollInterval: poll, Logger: quiet})
+				benchmarkMove(b, aggs, &move.Config{PollInterval: poll, Logger: quiet, AllowNew: true})
 			})
 		}
 	}

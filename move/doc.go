@@ -9,7 +9,9 @@
 //     that no writer sent there by step 1 numbers an aggregate on its own
 //     before step 2. The target must not have numbered the aggregates
 //     itself: each is new there or moved away from it earlier
-//     (*ConflictError otherwise).
+//     (*ConflictError otherwise). Nor may the source have never numbered
+//     it, unless [Config.AllowNew]: a move knows only its two shards, and
+//     the aggregate's events could be on a third.
 //  1. Close on the source: each aggregate's sequence row is locked (the
 //     lock that orders its writers), its last sequence read and the row
 //     marked moved to the target. From then on producer.Writer.Write of

@@ -78,6 +78,9 @@ type modelMove struct {
 	id       string
 	from, to int
 	done     int
+	// allowNew is the move's Config.AllowNew: without it, a move of an
+	// aggregate never written is refused at its first step.
+	allowNew bool
 }
 
 var modelCfg = &move.Config{PollInterval: time.Millisecond, Logger: quiet}
@@ -172,7 +175,14 @@ func (h *modelRun) start() {
 		return
 	}
 	h.n++
-	h.mv = &modelMove{id: fmt.Sprintf("%s-%d", h.agg, h.n), from: h.home, to: 1 - h.home}
+	h.mv = &modelMove{id: fmt.Sprintf("%s-%d", h.agg, h.n), from: h.home, to: 1 - h.home, allowNew: rapid.Bool().Draw(h.t, "allow_new")}
+}
+
+// refused says whether the move's next step refuses it: the first step
+// (prepare) does when the source never numbered the aggregate, unless
+// AllowNew.
+func (h *modelRun) refused(m *modelMove) bool {
+	return m.done == 0 && !m.allowNew && h.written == 0
 }
 
 // undelivered counts the aggregate's unpublished events on shard x.
@@ -196,11 +206,15 @@ func (h *modelRun) step() {
 		return // the drain would wait for the source's relay
 	}
 	from, to := h.endpoints(m)
-	cfg := &move.Config{ID: m.id, PollInterval: modelCfg.PollInterval, Logger: quiet}
+	cfg := &move.Config{ID: m.id, PollInterval: modelCfg.PollInterval, Logger: quiet, AllowNew: m.allowNew}
 	if next < 6 {
 		cfg = move.StopAfter(cfg, next)
 	}
 	_, err := move.Run(context.Background(), from, to, []move.Aggregate{{Type: "order", ID: h.agg}}, cfg)
+	if h.refused(m) {
+		h.refuse(err)
+		return
+	}
 	if next < 6 {
 		require.ErrorIs(h.t, err, move.ErrStopped)
 		m.done = next
@@ -224,13 +238,17 @@ func (h *modelRun) step2() {
 	}
 	from, to := h.endpoints(m)
 	errs := h.twice(0, func(pause func(int)) error {
-		cfg := move.PauseAt(&move.Config{ID: m.id, PollInterval: modelCfg.PollInterval, Logger: quiet}, pause)
+		cfg := move.PauseAt(&move.Config{ID: m.id, PollInterval: modelCfg.PollInterval, Logger: quiet, AllowNew: m.allowNew}, pause)
 		if next < 6 {
 			cfg = move.StopAfter(cfg, next)
 		}
 		_, err := move.Run(context.Background(), from, to, []move.Aggregate{{Type: "order", ID: h.agg}}, cfg)
 		return err
 	})
+	if h.refused(m) {
+		h.refuse(errs...)
+		return
+	}
 	for _, err := range errs {
 		if next < 6 {
 			require.ErrorIs(h.t, err, move.ErrStopped)
@@ -243,6 +261,20 @@ func (h *modelRun) step2() {
 		return
 	}
 	h.arrived()
+}
+
+// refuse checks that each Run of the move was refused on the source
+// before anything changed: no move recorded, the aggregate where it was.
+func (h *modelRun) refuse(errs ...error) {
+	from, to := h.endpoints(h.mv)
+	for _, err := range errs {
+		var ce *move.ConflictError
+		require.ErrorAs(h.t, err, &ce, "a move of an aggregate never written, without AllowNew")
+		require.Equal(h.t, from.Shard.Name, ce.Shard)
+	}
+	_, err := move.Get(context.Background(), h.mv.id, from, to)
+	require.ErrorIs(h.t, err, move.ErrUnknownMove, "the refused move left no record")
+	h.mv = nil
 }
 
 // resume2 resumes the move from two processes at once, held where they

@@ -42,6 +42,15 @@ type Config struct {
 	PollInterval time.Duration
 	// Logger receives a line per step. Default slog.Default().
 	Logger *slog.Logger
+	// AllowNew lets a move take aggregates that the source never
+	// numbered (no event written there and none carried in by a move),
+	// which then start at sequence 1 on the target. Without it such an
+	// aggregate is refused with a *ConflictError before anything
+	// changes: a move knows only its two shards, and an aggregate with
+	// no events on the source may have them on a third shard, whose
+	// numbers the target would then reuse. Set it only for aggregates
+	// that have no events anywhere yet.
+	AllowNew bool
 
 	// stopAfter ends Run or Resume with errStopped right after step
 	// stopAfter (1 prepare, 2 close, 3 open, 4 drain, 5 release), as a
@@ -104,7 +113,8 @@ func (e *BlockedError) Error() string {
 func (e *BlockedError) Unwrap() error { return ErrBlocked }
 
 // ConflictError is a move that cannot start or open because of the
-// aggregate's state on one side: already moved or arriving on the source,
+// aggregate's state on one side: never numbered (without
+// Config.AllowNew), already moved or arriving on the source,
 // reserved by another move or numbered beyond the source on the target,
 // or a move id already used for another target. One from the reserve or
 // the close leaves nothing of the move under way: Run rolls back its
@@ -137,6 +147,7 @@ type mover struct {
 	log      *slog.Logger
 	stop     int
 	pause    func(step int)
+	allowNew bool
 }
 
 func newMover(from, to Endpoint, cfg *Config) (*mover, error) {
@@ -152,7 +163,7 @@ func newMover(from, to Endpoint, cfg *Config) (*mover, error) {
 	if from.Shard.Name == to.Shard.Name {
 		return nil, fmt.Errorf("move: source and target are both shard %q; name two different shards", from.Shard.Name)
 	}
-	m := &mover{id: cfg.ID, from: from, to: to, poll: cfg.PollInterval, log: cfg.Logger, stop: cfg.stopAfter, pause: cfg.pause}
+	m := &mover{id: cfg.ID, from: from, to: to, poll: cfg.PollInterval, log: cfg.Logger, stop: cfg.stopAfter, pause: cfg.pause, allowNew: cfg.AllowNew}
 	if m.poll <= 0 {
 		m.poll = 100 * time.Millisecond
 	}
@@ -370,6 +381,9 @@ func (m *mover) prepare(ctx context.Context, aggs []Aggregate) error {
 		if n > 0 {
 			return nil
 		}
+		if err := m.checkNumbered(ctx, aggs); err != nil {
+			return err
+		}
 		for _, a := range aggs {
 			if _, err := tx.Exec(ctx, m.toSQL.ReserveNew, a.Type, a.ID, m.from.Shard.Name, m.id); err != nil {
 				return err
@@ -414,6 +428,31 @@ func (m *mover) prepare(ctx context.Context, aggs []Aggregate) error {
 	}
 	m.log.InfoContext(ctx, "move: reserved on target", slog.String("move_id", m.id), slog.String("shard", m.to.Shard.Name))
 	return nil
+}
+
+// checkNumbered refuses, unless Config.AllowNew, the first of aggs that
+// the source never numbered. A sequence only grows, so what this finds
+// numbered stays so until the close.
+func (m *mover) checkNumbered(ctx context.Context, aggs []Aggregate) error {
+	if m.allowNew {
+		return nil
+	}
+	types, ids := make([]string, len(aggs)), make([]string, len(aggs))
+	for i, a := range aggs {
+		types[i], ids[i] = a.Type, a.ID
+	}
+	var a Aggregate
+	err := m.from.DB.QueryRow(ctx, m.fromSQL.Unnumbered, types, ids).Scan(&a.Type, &a.ID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look the aggregates up on shard %q: %w", m.from.Shard.Name, err)
+	}
+	return &ConflictError{Shard: m.from.Shard.Name, Aggregate: a,
+		Reason: fmt.Sprintf("has no events here: its events may be on another shard, whose numbers shard %q would reuse; "+
+			"move it from the shard whose sequences table has it, or set move.Config.AllowNew (outbox move start -allow-new) "+
+			"if it has no events anywhere yet", m.to.Shard.Name)}
 }
 
 // lastMove returns the id of the latest move of a recorded on the shard

@@ -83,7 +83,10 @@ func (s *side) seqs(t *testing.T, id string) (seqs []int64, held int) {
 
 var quiet = slog.New(slog.DiscardHandler)
 
-var cfg = &move.Config{PollInterval: 5 * time.Millisecond, Logger: quiet}
+// cfg is the tests' move configuration. They move aggregates before
+// their first write too, hence AllowNew; TestMoveRefusesUnnumbered is
+// about the default.
+var cfg = &move.Config{PollInterval: 5 * time.Millisecond, Logger: quiet, AllowNew: true}
 
 func TestMove(t *testing.T) {
 	t.Parallel()
@@ -148,7 +151,7 @@ func TestMove(t *testing.T) {
 		go func() {
 			var err error
 			id, err = move.Run(ctx, src.ep, dst.ep, []move.Aggregate{{Type: "order", ID: "a"}},
-				&move.Config{ID: "m1", PollInterval: 5 * time.Millisecond, Logger: quiet})
+				&move.Config{ID: "m1", PollInterval: 5 * time.Millisecond, Logger: quiet, AllowNew: true})
 			done <- err
 		}()
 		// The target opens; its writes continue the sequence, held.
@@ -332,13 +335,13 @@ func TestCrash(t *testing.T) {
 					require.NoError(t, err)
 				}
 				src.publish(t)
-				c := move.StopAfter(&move.Config{ID: "m", PollInterval: 5 * time.Millisecond, Logger: quiet}, step)
+				c := move.StopAfter(&move.Config{ID: "m", PollInterval: 5 * time.Millisecond, Logger: quiet, AllowNew: true}, step)
 				_, err := move.Run(ctx, src.ep, dst.ep, aggs, c)
 				require.ErrorIs(t, err, move.ErrStopped)
 				if how == "Resume" {
 					require.NoError(t, move.Resume(ctx, "m", src.ep, dst.ep, cfg))
 				} else {
-					_, err = move.Run(ctx, src.ep, dst.ep, aggs, &move.Config{ID: "m", PollInterval: 5 * time.Millisecond, Logger: quiet})
+					_, err = move.Run(ctx, src.ep, dst.ep, aggs, &move.Config{ID: "m", PollInterval: 5 * time.Millisecond, Logger: quiet, AllowNew: true})
 					require.NoError(t, err)
 				}
 				st, err := move.Get(ctx, "m", src.ep, dst.ep)
@@ -353,7 +356,7 @@ func TestCrash(t *testing.T) {
 					require.ErrorAs(t, err, &me, "the target refuses them, naming the source")
 					require.Equal(t, "s", me.To)
 					require.False(t, me.Arriving)
-					_, err = move.Run(ctx, src.ep, dst.ep, aggs, &move.Config{ID: "m", Logger: quiet})
+					_, err = move.Run(ctx, src.ep, dst.ep, aggs, &move.Config{ID: "m", Logger: quiet, AllowNew: true})
 					require.ErrorIs(t, err, move.ErrRolledBack)
 					return
 				}
@@ -369,4 +372,56 @@ func TestCrash(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestMoveRefusesUnnumbered: by default a move refuses, before anything
+// changes, an aggregate the source never numbered, such as one whose
+// events are on a third shard (the target would reuse their numbers);
+// with AllowNew it moves such an aggregate, which starts at 1 on the
+// target.
+func TestMoveRefusesUnnumbered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, dst, u := newSide(t, "s"), newSide(t, "t"), newSide(t, "u")
+	for range 3 {
+		_, err := u.write(t, "x")
+		require.NoError(t, err)
+	}
+	_, err := s.write(t, "y")
+	require.NoError(t, err)
+	s.publish(t)
+	strict := &move.Config{ID: "m1", PollInterval: 5 * time.Millisecond, Logger: quiet}
+
+	_, err = move.Run(ctx, s.ep, dst.ep, []move.Aggregate{{Type: "order", ID: "y"}, {Type: "order", ID: "x"}}, strict)
+	var ce *move.ConflictError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "s", ce.Shard)
+	require.Equal(t, move.Aggregate{Type: "order", ID: "x"}, ce.Aggregate, "the aggregate s never numbered")
+	require.ErrorContains(t, err, "AllowNew")
+	_, err = move.Get(ctx, "m1", s.ep, dst.ep)
+	require.ErrorIs(t, err, move.ErrUnknownMove, "nothing of the move was recorded")
+	for _, side := range []*side{s, dst} {
+		var rows int
+		require.NoError(t, side.db.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE aggregate_id = 'x' OR moved_to IS NOT NULL`,
+			side.db.Table("sequences"))).Scan(&rows))
+		require.Zero(t, rows, "shard %s: no sequence row created, closed or reserved", side.ep.Shard.Name)
+	}
+	seq, err := s.write(t, "y")
+	require.NoError(t, err, "y still lives on s")
+	require.Equal(t, int64(2), seq)
+	s.publish(t)
+
+	strict.ID = "m2"
+	_, err = move.Run(ctx, s.ep, dst.ep, []move.Aggregate{{Type: "order", ID: "y"}}, strict)
+	require.NoError(t, err, "y was numbered on s")
+	seq, err = dst.write(t, "y")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), seq)
+
+	_, err = move.Run(ctx, s.ep, dst.ep, []move.Aggregate{{Type: "order", ID: "z"}},
+		&move.Config{ID: "m3", PollInterval: 5 * time.Millisecond, Logger: quiet, AllowNew: true})
+	require.NoError(t, err, "z has no events anywhere")
+	seq, err = dst.write(t, "z")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), seq)
 }

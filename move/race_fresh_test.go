@@ -42,11 +42,11 @@ func TestRaceNeverWritten(t *testing.T) {
 		g := newGate(1)
 		r := make(chan error, 1)
 		go func() {
-			_, err := move.Run(ctx, a.ep, b.ep, aggs, move.PauseAt(&move.Config{ID: "m1", PollInterval: cfg.PollInterval, Logger: quiet}, g.pause))
+			_, err := move.Run(ctx, a.ep, b.ep, aggs, move.PauseAt(&move.Config{ID: "m1", PollInterval: cfg.PollInterval, Logger: quiet, AllowNew: true}, g.pause))
 			r <- err
 		}()
 		<-g.reached
-		_, err := move.Run(ctx, b.ep, a.ep, aggs, &move.Config{ID: "m2", Logger: quiet})
+		_, err := move.Run(ctx, b.ep, a.ep, aggs, &move.Config{ID: "m2", Logger: quiet, AllowNew: true})
 		requireConflict(t, err, "m1")
 		g.open()
 		require.NoError(t, <-r)
@@ -62,11 +62,11 @@ func TestRaceNeverWritten(t *testing.T) {
 		g1, g2 := newGate(1), newGate(1)
 		r1, r2 := make(chan error, 1), make(chan error, 1)
 		go func() {
-			_, err := move.Run(ctx, a.ep, b.ep, aggs, move.PauseAt(&move.Config{ID: "m1", PollInterval: cfg.PollInterval, Logger: quiet}, g1.pause))
+			_, err := move.Run(ctx, a.ep, b.ep, aggs, move.PauseAt(&move.Config{ID: "m1", PollInterval: cfg.PollInterval, Logger: quiet, AllowNew: true}, g1.pause))
 			r1 <- err
 		}()
 		go func() {
-			_, err := move.Run(ctx, b.ep, a.ep, aggs, move.PauseAt(&move.Config{ID: "m2", PollInterval: cfg.PollInterval, Logger: quiet}, g2.pause))
+			_, err := move.Run(ctx, b.ep, a.ep, aggs, move.PauseAt(&move.Config{ID: "m2", PollInterval: cfg.PollInterval, Logger: quiet, AllowNew: true}, g2.pause))
 			r2 <- err
 		}()
 		<-g1.reached

@@ -176,7 +176,7 @@ func (w *world) run(from, to, id string, ids []string, pause func(int)) (string,
 	for i, a := range ids {
 		aggs[i] = move.Aggregate{Type: "order", ID: a}
 	}
-	c := &move.Config{ID: id, PollInterval: time.Millisecond, Logger: quiet}
+	c := &move.Config{ID: id, PollInterval: time.Millisecond, Logger: quiet, AllowNew: true}
 	if pause != nil {
 		c = move.PauseAt(c, pause)
 	}
@@ -189,13 +189,13 @@ func (w *world) runStopped(from, to, id string, ids []string, step int) (string,
 	for i, a := range ids {
 		aggs[i] = move.Aggregate{Type: "order", ID: a}
 	}
-	c := move.StopAfter(&move.Config{ID: id, PollInterval: time.Millisecond, Logger: quiet}, step)
+	c := move.StopAfter(&move.Config{ID: id, PollInterval: time.Millisecond, Logger: quiet, AllowNew: true}, step)
 	return move.Run(context.Background(), w.ep(from), w.ep(to), aggs, c)
 }
 
 // resume resumes move id from shard from to shard to.
 func (w *world) resume(from, to, id string, pause func(int)) error {
-	c := &move.Config{PollInterval: time.Millisecond, Logger: quiet}
+	c := &move.Config{PollInterval: time.Millisecond, Logger: quiet, AllowNew: true}
 	if pause != nil {
 		c = move.PauseAt(c, pause)
 	}

@@ -36,10 +36,12 @@ type opts struct {
 	// -shard-timeout.
 	fleetFile, shard string
 	shardTimeout     time.Duration
-	// from, to, moveID, aggregates and aggregatesFile are the move
-	// commands' -from, -to, -id, -aggregate (repeated) and -aggregates.
+	// from, to, moveID, aggregates, aggregatesFile and allowNew are the
+	// move commands' -from, -to, -id, -aggregate (repeated), -aggregates
+	// and -allow-new.
 	from, to, moveID, aggregatesFile string
 	aggregates                       stringList
+	allowNew                         bool
 	// set are the flags the command line gave.
 	set map[string]bool
 	// args are the positional arguments, wherever they stood among the
@@ -71,7 +73,7 @@ var flagsOf = map[string][]string{
 	"requests cancel": {"by", "fleet", "shard"},
 	"dashboard":       {"listen", "fleet", "shard"},
 	"moves":           append([]string{"limit", "o"}, readFleetFlags...),
-	"move start":      append([]string{"aggregate", "aggregates", "id"}, moveFlags...),
+	"move start":      append([]string{"aggregate", "aggregates", "id", "allow-new"}, moveFlags...),
 	"move resume":     moveFlags,
 	"move status":     append([]string{"o"}, moveFlags...),
 }
@@ -148,6 +150,8 @@ func define(fs *flag.FlagSet, o *opts, name string) {
 		fs.Var(&o.aggregates, name, "an aggregate to move, TYPE/ID; repeated")
 	case "aggregates":
 		fs.StringVar(&o.aggregatesFile, name, "", "a file of aggregates to move, one TYPE/ID per line")
+	case "allow-new":
+		fs.BoolVar(&o.allowNew, name, false, "also move aggregates the source never numbered (no events there); only for aggregates with no events on any shard")
 	case "listen":
 		fs.StringVar(&o.listen, name, "127.0.0.1:8080", "address to serve on")
 	default:

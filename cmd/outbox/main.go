@@ -70,7 +70,7 @@ var usage = `usage:
   outbox requests [-consumer C] [-limit N] [-o table|json]
   outbox requests cancel [-by NAME] ID
   outbox moves [-limit N] [-o table|json]
-  outbox move start -fleet FILE -from SHARD -to SHARD (-aggregate TYPE/ID ... | -aggregates FILE) [-id ID]
+  outbox move start -fleet FILE -from SHARD -to SHARD (-aggregate TYPE/ID ... | -aggregates FILE) [-id ID] [-allow-new]
   outbox move resume|status -fleet FILE -from SHARD -to SHARD ID
   outbox dashboard [-listen 127.0.0.1:8080] [-fleet FILE]
 FILTER: -consumer C -topic T -aggregate-type T -aggregate-id ID -reason R -failure F -since D -until D

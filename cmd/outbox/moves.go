@@ -93,7 +93,7 @@ func moveCommand(ctx context.Context, cmd string, o *opts, out io.Writer) error 
 		return err
 	}
 	defer dst.DB.(*pgxpool.Pool).Close()
-	cfg := &move.Config{ID: id, Logger: slog.New(slog.NewTextHandler(out, nil))}
+	cfg := &move.Config{ID: id, AllowNew: o.allowNew, Logger: slog.New(slog.NewTextHandler(out, nil))}
 	switch cmd {
 	case "move status":
 		st, err := move.Get(ctx, id, src, dst)

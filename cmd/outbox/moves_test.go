@@ -17,7 +17,8 @@ import (
 
 // TestMoveCommands: move start moves aggregates between two shards of a
 // fleet file, move status and moves say where it got to on both sides,
-// a write on the source is refused afterwards, and wrong command lines
+// a write on the source is refused afterwards, an aggregate the source
+// never numbered moves only with -allow-new, and wrong command lines
 // and unknown moves exit with their codes.
 func TestMoveCommands(t *testing.T) {
 	t.Parallel()
@@ -73,6 +74,13 @@ func TestMoveCommands(t *testing.T) {
 	_, err = exec("move", "start", "-from", "a", "-to", "b", "-aggregate", "order/1")
 	require.Equal(t, exitFailed, exitCode(err), "moved already: %v", err)
 	require.ErrorContains(t, err, "order")
+
+	_, err = exec("move", "start", "-from", "a", "-to", "b", "-aggregate", "order/9")
+	require.Equal(t, exitFailed, exitCode(err), "a never numbered it: %v", err)
+	require.ErrorContains(t, err, "-allow-new")
+	out, err = exec("move", "start", "-from", "a", "-to", "b", "-aggregate", "order/9", "-allow-new", "-id", "m2")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "move m2: done, 1 aggregate(s)")
 
 	_, err = exec("move", "status", "nope", "-from", "a", "-to", "b")
 	require.Equal(t, exitNotFound, exitCode(err), "%v", err)

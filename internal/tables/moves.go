@@ -7,6 +7,8 @@ type Moves struct {
 	DispatchMode string
 	// Records reads move $1's rows of direction $2 ('out' on the source, 'in' on the target) in key order: aggregate type and id, peer, last_seq, state.
 	Records string
+	// Unnumbered returns the first aggregate of ($1 types, $2 ids) in key order that the shard never numbered: no sequence row above 0.
+	Unnumbered string
 	// LockSource locks aggregate ($1, $2)'s sequence row on the source, creating it at 0, and returns last_seq, moved_to, arriving_from and arriving_move ('' for none).
 	LockSource string
 	// LastMove returns the id of the latest move of aggregate ($1, $2) recorded on the shard in direction $3, if any.
@@ -54,6 +56,9 @@ func MovesFor(schema string) Moves {
 		DispatchMode: q(`SELECT mode FROM {schema}.dispatch`),
 		Records: q(`SELECT aggregate_type, aggregate_id, peer, last_seq, state FROM {schema}.moves
 WHERE move_id = $1 AND direction = $2 ORDER BY aggregate_type, aggregate_id`),
+		Unnumbered: q(`SELECT a.t, a.i FROM unnest($1::text[], $2::text[]) AS a (t, i)
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.sequences AS s WHERE s.aggregate_type = a.t AND s.aggregate_id = a.i AND s.last_seq > 0)
+ORDER BY a.t, a.i LIMIT 1`),
 		// The no-op update locks the row, as a writer's upsert would, and
 		// creates it for an aggregate the source never wrote: closed at 0,
 		// its first event on the target is 1.
