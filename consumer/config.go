@@ -107,7 +107,8 @@ type Config struct {
 	PruneInterval time.Duration
 	// RequestPoll is how often the Consumer looks for operator requests
 	// (package operator) addressed to its name, besides listening for
-	// them on a connection of its own when db is a *pgxpool.Pool. Default
+	// them on a connection of its own when db is a *pgxpool.Pool or
+	// SessionConfig is set. Default
 	// 1s; negative: the Consumer takes none up.
 	RequestPoll time.Duration
 	// SessionConfig is used for the connection that LISTENs for operator
@@ -117,7 +118,9 @@ type Config struct {
 	// listener checks that it is a session; when it is not, it says so at
 	// WARN once, naming [Config.SessionConfig], and does not listen: requests
 	// are then taken up at the next RequestPoll, as polling is what
-	// guarantees they are. Default: the pool's connection config.
+	// guarantees they are. Default: the pool's connection config. A
+	// consumer with [Config.Route] leaves it nil and sets
+	// [Target.SessionConfig] for each target instead.
 	SessionConfig *pgx.ConnConfig
 	// ShutdownGrace is how long the Consumer lets records in flight finish
 	// after its context ends, or after their partition is revoked (keep it

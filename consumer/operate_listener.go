@@ -13,17 +13,27 @@ import (
 	"github.com/d419a114/outbox/internal/pgsession"
 )
 
-// requestSession connects the operator request listener with
-// [Config.SessionConfig] (default: pool's config), a connection of its own
-// outside the pool, and checks that it is a session of its own
-// (pgsession.Check): through a transaction pooler LISTEN hears nothing.
-// When it is not, it says so at WARN and waits for ctx to end, so that the
-// listener gives up for good and requests are found by polling alone.
-func (p *Processor) requestSession(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
-	cfg := p.cfg.SessionConfig
-	if cfg == nil {
-		cfg = pool.Config().ConnConfig
+// sessionConfig is the operator request listener's connection config:
+// [Config.SessionConfig] (a routing consumer's target's
+// [Target.SessionConfig]), else the pool's when db is a *pgxpool.Pool, else
+// nil: no listener, polling alone.
+func (p *Processor) sessionConfig() *pgx.ConnConfig {
+	if p.cfg.SessionConfig != nil {
+		return p.cfg.SessionConfig
 	}
+	if pool, ok := p.db.(*pgxpool.Pool); ok {
+		return pool.Config().ConnConfig
+	}
+	return nil
+}
+
+// requestSession connects the operator request listener with cfg, a
+// connection of its own outside the pool, and checks that it is a session
+// of its own (pgsession.Check): through a transaction pooler LISTEN hears
+// nothing. When it is not, it says so at WARN and waits for ctx to end, so
+// that the listener gives up for good and requests are found by polling
+// alone.
+func (p *Processor) requestSession(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

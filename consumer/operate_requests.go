@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/tables"
@@ -82,8 +82,8 @@ func (p *Processor) ServeRequests(ctx context.Context) error {
 	defer wg.Wait()
 	listening, stopListening := context.WithCancel(ctx)
 	defer stopListening()
-	if pool, ok := p.db.(*pgxpool.Pool); ok {
-		wg.Go(func() { p.listenRequests(listening, pool, wake) })
+	if cfg := p.sessionConfig(); cfg != nil {
+		wg.Go(func() { p.listenRequests(listening, cfg, wake) })
 	}
 	t := time.NewTicker(poll)
 	defer t.Stop()
@@ -109,7 +109,7 @@ func (p *Processor) ServeRequests(ctx context.Context) error {
 // listenRequests signals wake for each notification on the schema's
 // operator channel naming this consumer, and after each (re)connect. It
 // returns when ctx ends.
-func (p *Processor) listenRequests(ctx context.Context, pool *pgxpool.Pool, wake chan<- struct{}) {
+func (p *Processor) listenRequests(ctx context.Context, cfg *pgx.ConnConfig, wake chan<- struct{}) {
 	signal := func() {
 		select {
 		case wake <- struct{}{}:
@@ -117,7 +117,7 @@ func (p *Processor) listenRequests(ctx context.Context, pool *pgxpool.Pool, wake
 		}
 	}
 	for ctx.Err() == nil {
-		err := p.listenOnce(ctx, pool, signal)
+		err := p.listenOnce(ctx, cfg, signal)
 		if ctx.Err() != nil {
 			return
 		}
@@ -129,8 +129,8 @@ func (p *Processor) listenRequests(ctx context.Context, pool *pgxpool.Pool, wake
 	}
 }
 
-func (p *Processor) listenOnce(ctx context.Context, pool *pgxpool.Pool, signal func()) error {
-	conn, err := p.requestSession(ctx, pool)
+func (p *Processor) listenOnce(ctx context.Context, cfg *pgx.ConnConfig, signal func()) error {
+	conn, err := p.requestSession(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/d419a114/outbox/consumer"
 	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgbouncer"
+	"github.com/d419a114/outbox/internal/pgserver"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/operator"
 )
@@ -146,4 +147,41 @@ func TestRequestListenerSessionConfig(t *testing.T) {
 		require.Equal(t, operator.Failed, r.Status)
 		require.NotContains(t, logs.String(), warning)
 	})
+}
+
+// TestRouteListenerSessionConfig: a routing consumer whose targets' pools
+// go through a transaction pooler listens for each target's operator
+// requests on that target's own server, with the target's SessionConfig:
+// a request in either target is carried out with polling an hour away.
+// Config.SessionConfig, one database's, is refused with Route.
+func TestRouteListenerSessionConfig(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbs := []*pgtest.DB{pgtest.New(t, nil), pgtest.New(t, &pgtest.Opts{Server: pgtest.Own(t, pgserver.Config{})})}
+	cfg := fastConfig(dbs[0], 1)
+	cfg.Schema = ""
+	cfg.RequestPoll = time.Hour
+	cfg.Route = &consumer.Route{Owner: func(string, string) (string, error) { return "t0", nil }}
+	for i, db := range dbs {
+		pool := bouncedPool(t, pgbouncer.Start(t, db.Server.URL, pgbouncer.Transaction, nil))
+		cfg.Route.Targets = append(cfg.Route.Targets, consumer.Target{
+			Name: fmt.Sprintf("t%d", i), DB: pool, Schema: db.Schema, SessionConfig: db.Pool.Config().ConnConfig})
+	}
+	h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	p, err := consumer.Handle(nil, "svc", h, cfg)
+	require.NoError(t, err)
+	serve(t, p)
+	for _, db := range dbs {
+		eventually.True(t, 60*time.Second, func() bool {
+			var n int
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN ' || $1`, operator.Channel(db.Schema)).Scan(&n))
+			return n == 1
+		}, fmt.Sprintf("the server of %s does not listen", db.Schema))
+		r := submitAndWait(t, db, &operator.Request{Consumer: "svc", Action: operator.Discard, LetterID: 1 << 40})
+		require.Equal(t, operator.Failed, r.Status, "the request in %s was not carried out", db.Schema)
+	}
+
+	cfg.SessionConfig = dbs[0].Pool.Config().ConnConfig
+	_, err = consumer.Handle(nil, "svc", h, cfg)
+	require.ErrorContains(t, err, "Targets[i].SessionConfig")
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox"
@@ -26,6 +27,13 @@ type Target struct {
 	DB DB
 	// Schema holds the consumer's tables in DB. Default [Config.Schema].
 	Schema string
+	// SessionConfig connects the target's operator request listener, as
+	// [Config.SessionConfig] does for a consumer of one database (which a
+	// routing consumer must leave nil): behind a transaction pooler, point
+	// it at the target's PostgreSQL server. Default: DB's connection
+	// config when DB is a *pgxpool.Pool; otherwise the target's requests
+	// are found at each [Config.RequestPoll] alone.
+	SessionConfig *pgx.ConnConfig
 }
 
 // Route sends each record to the target database that owns its aggregate.
@@ -95,6 +103,9 @@ func handleRouted(name string, h Handler, cfg *Config) (*Processor, error) {
 	if rt.Owner == nil {
 		return nil, errors.New("consumer: Config.Route has no Owner; set Config.Route.Owner to the function that names the target owning an aggregate")
 	}
+	if cfg.SessionConfig != nil {
+		return nil, errors.New("consumer: Config.SessionConfig names one database, and Config.Route applies records in several; leave it nil and set each target's Config.Route.Targets[i].SessionConfig")
+	}
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
@@ -115,6 +126,7 @@ func handleRouted(name string, h Handler, cfg *Config) (*Processor, error) {
 		if t.Schema != "" {
 			tc.Schema = t.Schema
 		}
+		tc.SessionConfig = t.SessionConfig
 		tc.Logger = c.Logger.With(slog.String("target", t.Name))
 		tp, err := handle(t.DB, name, h, &tc)
 		if err != nil {
