@@ -3,16 +3,21 @@ package producer_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgbouncer"
 	"github.com/d419a114/outbox/internal/pgtest"
 	"github.com/d419a114/outbox/producer"
+	"github.com/d419a114/outbox/shard"
 )
 
 // TestWriteThroughTransactionPooling: Write works through PgBouncer in
@@ -88,4 +93,33 @@ func TestWriteThroughTransactionPooling(t *testing.T) {
 		require.ErrorContains(t, err, "max_prepared_statements")
 		require.NotContains(t, err.Error(), "Migrate")
 	})
+}
+
+// TestFleetShardThroughTransactionPoolingStops: a fleet shard whose
+// database is a transaction pooler gives no session for its bucket locks
+// and LISTEN. It stops alone, with an ERROR that names the shard and the
+// fix, and publishes nothing; the fleet's other shard, on the server
+// directly, delivers everything.
+func TestFleetShardThroughTransactionPoolingStops(t *testing.T) {
+	t.Parallel()
+	w := newFleetWorld(t, 2)
+	bouncer := pgbouncer.Start(t, w.base.Server.URL, pgbouncer.Transaction, nil)
+	direct, bounced := w.shards[0], w.shards[1]
+	bounced.Database = bouncer.URL + "&default_query_exec_mode=exec"
+	logs := &lockedBuffer{}
+	cfg := &producer.FleetConfig{Relay: producer.RelayConfig{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))}}
+	written := w.write(t, []shard.Shard{bounced}, 3, 2)
+	w.write(t, []shard.Shard{direct}, 3, 2)
+	w.start(t, []shard.Shard{direct, bounced}, cfg)
+
+	eventually.True(t, 60*time.Second, func() bool {
+		for _, l := range logs.lines("pool_mode=session") {
+			if strings.Contains(l, "shard "+bounced.Name) {
+				return true
+			}
+		}
+		return false
+	}, "no ERROR naming the shard and the fix")
+	eventually.True(t, 60*time.Second, func() bool { return w.undelivered(t, direct) == 0 }, "the direct shard did not deliver")
+	require.Equal(t, written, w.undelivered(t, bounced), "the pooled shard published")
 }
