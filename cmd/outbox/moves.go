@@ -180,7 +180,7 @@ const maxMoveAggregates = 100_000
 func aggregatesOf(o *opts) ([]move.Aggregate, error) {
 	lines := append([]string(nil), o.aggregates...)
 	if o.aggregatesFile != "" {
-		f, err := os.Open(o.aggregatesFile) //nolint:gosec // the operator names the file
+		f, err := os.Open(o.aggregatesFile)
 		if err != nil {
 			return nil, withCode(exitUsage, fmt.Errorf("-aggregates: %w", err))
 		}
