@@ -30,9 +30,11 @@ type Record struct {
 const MaxList = 10_000
 
 // List returns the moves recorded in schema (default
-// outbox.DefaultSchema) on one shard, the most recently updated first, at
-// most limit of them (default 100, at most MaxList). A move between two
-// shards of one database appears twice, once on each side.
+// outbox.DefaultSchema) on one shard, the most recently updated first
+// (ties: the greater ID first), at most limit of them (default 100, at
+// most MaxList). A move between two shards of one database appears twice,
+// once on each side. It reads the rows of the moves it returns, not the
+// whole table.
 func List(ctx context.Context, db outbox.DB, schema string, limit int) ([]Record, error) {
 	sql, err := statementsFor(schema)
 	if err != nil {

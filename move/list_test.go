@@ -2,9 +2,14 @@ package move_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 
 	"github.com/d419a114/outbox/move"
 )
@@ -43,4 +48,73 @@ func TestList(t *testing.T) {
 
 	_, err = move.List(ctx, dst.db.Pool, `bad"schema`, 0)
 	require.Error(t, err)
+}
+
+// TestListModel: on random moves tables (sides of one to four rows, few
+// distinct update times, so that sides tie), List returns what grouping
+// the whole table would: each side once, newest first (ties: greater id,
+// then direction, first), with its state, size and times, within the
+// limit.
+func TestListModel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSide(t, "s")
+	table := s.db.Table("moves")
+	base := time.Now().Truncate(time.Second)
+	rapid.Check(t, func(rt *rapid.T) {
+		_, err := s.db.Pool.Exec(ctx, `TRUNCATE `+table)
+		require.NoError(rt, err)
+		var want []move.Record
+		for k := range rapid.IntRange(0, 30).Draw(rt, "moves") {
+			for _, out := range []bool{true, false} {
+				if !rapid.Bool().Draw(rt, "side") {
+					continue
+				}
+				r := move.Record{
+					ID: fmt.Sprintf("m-%02d", k), Out: out, Peer: rapid.SampledFrom([]string{"t", "u"}).Draw(rt, "peer"),
+					State:      rapid.SampledFrom([]move.State{move.Prepared, move.Closed, move.Arriving, move.Done, move.RolledBack}).Draw(rt, "state"),
+					Aggregates: rapid.IntRange(1, 4).Draw(rt, "aggregates"),
+					UpdatedAt:  base.Add(time.Duration(rapid.IntRange(0, 5).Draw(rt, "updated")) * time.Second),
+				}
+				r.StartedAt = r.UpdatedAt.Add(-time.Duration(rapid.IntRange(0, 3).Draw(rt, "age")) * time.Second)
+				dir := "in"
+				if out {
+					dir = "out"
+				}
+				_, err := s.db.Pool.Exec(ctx, `INSERT INTO `+table+` (move_id, direction, aggregate_type, aggregate_id, peer, last_seq, state, started_at, updated_at)
+SELECT $1, $2, 'order', 'a-' || j, $3, 1, $4, $5, $6 FROM generate_series(1, $7::int) AS j`, r.ID, dir, r.Peer, string(r.State), r.StartedAt, r.UpdatedAt, r.Aggregates)
+				require.NoError(rt, err)
+				want = append(want, r)
+			}
+		}
+		slices.SortFunc(want, func(a, b move.Record) int {
+			if c := b.UpdatedAt.Compare(a.UpdatedAt); c != 0 {
+				return c
+			}
+			if c := strings.Compare(b.ID, a.ID); c != 0 {
+				return c
+			}
+			if a.Out == b.Out {
+				return 0
+			}
+			if a.Out {
+				return -1 // "out" > "in": out first
+			}
+			return 1
+		})
+		limit := rapid.IntRange(1, len(want)+2).Draw(rt, "limit")
+		got, err := move.List(ctx, s.db.Pool, s.db.Schema, limit)
+		require.NoError(rt, err)
+		want = want[:min(limit, len(want))]
+		require.Len(rt, got, len(want))
+		for i := range want {
+			require.Equal(rt, want[i].ID, got[i].ID, "row %d", i)
+			require.Equal(rt, want[i].Out, got[i].Out, "row %d", i)
+			require.Equal(rt, want[i].Peer, got[i].Peer, "row %d", i)
+			require.Equal(rt, want[i].State, got[i].State, "row %d", i)
+			require.Equal(rt, want[i].Aggregates, got[i].Aggregates, "row %d", i)
+			require.True(rt, want[i].UpdatedAt.Equal(got[i].UpdatedAt), "row %d updated", i)
+			require.True(rt, want[i].StartedAt.Equal(got[i].StartedAt), "row %d started", i)
+		}
+	})
 }

@@ -42,8 +42,9 @@ type Moves struct {
 	// ReopenSource takes the source's writes of move $1's closed aggregates again.
 	ReopenSource string
 	// List reads the moves recorded on the shard, one row per move and
-	// direction, the most recently updated first, at most $1: id,
-	// direction, peer, state, aggregates, started and updated.
+	// direction, the most recently updated first (ties: the greater move
+	// id first), at most $1: id, direction, peer, state, aggregates,
+	// started and updated.
 	List string
 	// Status counts move $1's held events (last_error LIKE $2) on the target and the oldest one's creation time.
 	Status string
@@ -130,9 +131,30 @@ FROM {schema}.moves m
 WHERE m.move_id = $1 AND m.direction = 'out' AND m.state = 'closed'
   AND s.aggregate_type = m.aggregate_type AND s.aggregate_id = m.aggregate_id AND s.moved_to = m.peer`),
 		// A direction's rows change state together (SetState), so min is
-		// their one state.
-		List: q(`SELECT move_id, direction, peer, min(state), count(*), min(started_at), max(updated_at)
-FROM {schema}.moves GROUP BY move_id, direction, peer ORDER BY max(updated_at) DESC, move_id, direction LIMIT $1`),
+		// their one state, and they share updated_at (migration 0014): the
+		// recursive part walks moves_updated newest first, one probe per
+		// side of a move, and stops after $1 of them; only those sides'
+		// rows are read and counted, each side's on its own by the primary
+		// key (LATERAL: joined to the sides, the planner scanned the whole
+		// table, expecting the join to keep few rows).
+		List: q(`WITH RECURSIVE side AS (
+    (SELECT updated_at, move_id, direction FROM {schema}.moves
+     ORDER BY updated_at DESC, move_id DESC, direction DESC LIMIT 1)
+    UNION ALL
+    SELECT n.updated_at, n.move_id, n.direction FROM side CROSS JOIN LATERAL (
+        SELECT m.updated_at, m.move_id, m.direction FROM {schema}.moves AS m
+        WHERE (m.updated_at, m.move_id, m.direction) < (side.updated_at, side.move_id, side.direction)
+        ORDER BY m.updated_at DESC, m.move_id DESC, m.direction DESC LIMIT 1
+    ) AS n
+), top AS (
+    SELECT DISTINCT move_id, direction FROM (SELECT move_id, direction FROM side LIMIT $1) AS s
+)
+SELECT top.move_id, top.direction, a.peer, a.state, a.n, a.started, a.updated
+FROM top CROSS JOIN LATERAL (
+    SELECT m.peer, min(m.state) AS state, count(*) AS n, min(m.started_at) AS started, max(m.updated_at) AS updated
+    FROM {schema}.moves AS m WHERE m.move_id = top.move_id AND m.direction = top.direction GROUP BY m.peer
+) AS a
+ORDER BY a.updated DESC, top.move_id DESC, top.direction DESC`),
 		Status: q(`SELECT count(*) FILTER (WHERE e.next_attempt_at = 'infinity' AND e.last_error LIKE $2),
        min(e.created_at) FILTER (WHERE e.next_attempt_at = 'infinity' AND e.last_error LIKE $2)
 FROM {schema}.events e
