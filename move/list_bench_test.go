@@ -52,15 +52,14 @@ func BenchmarkList(b *testing.B) {
 }
 
 // fillMoves records moves finished moves of aggs aggregates each on s, a
-// second apart, as a move's steps would leave them, and analyzes the
-// table.
+// second apart (recordSide), and analyzes the table.
 func fillMoves(tb testing.TB, s *side, moves, aggs int) {
 	tb.Helper()
-	ctx := context.Background()
-	_, err := s.db.Pool.Exec(ctx, `INSERT INTO `+s.db.Table("moves")+` (move_id, direction, aggregate_type, aggregate_id, peer, last_seq, state, started_at, updated_at)
-SELECT 'm-' || i, 'out', 'order', 'a-' || i || '-' || j, 't', 1, 'done', now() - i * interval '1 second', now() - i * interval '1 second'
-FROM generate_series(1, $1::int) AS i, generate_series(1, $2::int) AS j`, moves, aggs)
-	require.NoError(tb, err)
-	_, err = s.db.Pool.Exec(ctx, `ANALYZE `+s.db.Table("moves"))
+	now := time.Now()
+	for i := 1; i <= moves; i++ {
+		at := now.Add(-time.Duration(i) * time.Second)
+		recordSide(tb, s, move.Record{ID: fmt.Sprintf("m-%d", i), Out: true, Peer: "t", State: move.Done, Aggregates: aggs, StartedAt: at, UpdatedAt: at})
+	}
+	_, err := s.db.Pool.Exec(context.Background(), `ANALYZE `+s.db.Table("moves"))
 	require.NoError(tb, err)
 }

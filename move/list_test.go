@@ -59,10 +59,9 @@ func TestListModel(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := newSide(t, "s")
-	table := s.db.Table("moves")
 	base := time.Now().Truncate(time.Second)
 	rapid.Check(t, func(rt *rapid.T) {
-		_, err := s.db.Pool.Exec(ctx, `TRUNCATE `+table)
+		_, err := s.db.Pool.Exec(ctx, `TRUNCATE `+s.db.Table("moves"))
 		require.NoError(rt, err)
 		var want []move.Record
 		for k := range rapid.IntRange(0, 30).Draw(rt, "moves") {
@@ -77,13 +76,7 @@ func TestListModel(t *testing.T) {
 					UpdatedAt:  base.Add(time.Duration(rapid.IntRange(0, 5).Draw(rt, "updated")) * time.Second),
 				}
 				r.StartedAt = r.UpdatedAt.Add(-time.Duration(rapid.IntRange(0, 3).Draw(rt, "age")) * time.Second)
-				dir := "in"
-				if out {
-					dir = "out"
-				}
-				_, err := s.db.Pool.Exec(ctx, `INSERT INTO `+table+` (move_id, direction, aggregate_type, aggregate_id, peer, last_seq, state, started_at, updated_at)
-SELECT $1, $2, 'order', 'a-' || j, $3, 1, $4, $5, $6 FROM generate_series(1, $7::int) AS j`, r.ID, dir, r.Peer, string(r.State), r.StartedAt, r.UpdatedAt, r.Aggregates)
-				require.NoError(rt, err)
+				recordSide(rt, s, r)
 				want = append(want, r)
 			}
 		}
@@ -117,4 +110,17 @@ SELECT $1, $2, 'order', 'a-' || j, $3, 1, $4, $5, $6 FROM generate_series(1, $7:
 			require.True(rt, want[i].StartedAt.Equal(got[i].StartedAt), "row %d started", i)
 		}
 	})
+}
+
+// recordSide writes the rows of r, one side of a move, into s's moves
+// table, as the move's steps would leave them: one per aggregate, all with
+// r's peer, state and times.
+func recordSide(tb require.TestingT, s *side, r move.Record) {
+	dir := "in"
+	if r.Out {
+		dir = "out"
+	}
+	_, err := s.db.Pool.Exec(context.Background(), `INSERT INTO `+s.db.Table("moves")+` (move_id, direction, aggregate_type, aggregate_id, peer, last_seq, state, started_at, updated_at)
+SELECT $1, $2, 'order', 'a-' || j, $3, 1, $4, $5, $6 FROM generate_series(1, $7::int) AS j`, r.ID, dir, r.Peer, string(r.State), r.StartedAt, r.UpdatedAt, r.Aggregates)
+	require.NoError(tb, err)
 }
