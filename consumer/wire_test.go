@@ -178,7 +178,7 @@ func drawEvent(t *rapid.T) producer.Event {
 	case 0:
 		e.Payload = []byte{}
 	case 1:
-		e.Payload = bytes.Repeat([]byte{0xff, 0, 'x'}, producer.DefaultMaxPayloadBytes/3)
+		e.Payload = bytes.Repeat([]byte{0xff, 0, 'x'}, (producer.DefaultMaxRecordBytes-16<<10)/3)
 	}
 	if rapid.Bool().Draw(t, "ownKey") {
 		e.IdempotencyKey = text(outbox.MaxIdempotencyKeyBytes).Draw(t, "idempotencyKey")

@@ -6,8 +6,8 @@ import (
 )
 
 // ValidationError says which field of which event was refused and why:
-// an empty required field, text that is not UTF-8, a payload over
-// [WriterConfig.MaxPayloadBytes], a field over its outbox.Max*Bytes limit, a
+// an empty required field, text that is not UTF-8, a record over
+// [WriterConfig.MaxRecordBytes], a field over its outbox.Max*Bytes limit, a
 // reserved or malformed header. Nothing is written when Write returns one;
 // the error is permanent (the same event is refused again).
 type ValidationError struct {

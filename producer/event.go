@@ -51,7 +51,7 @@ type Written struct {
 	Seq int64
 }
 
-func (e *Event) validate(i int, maxPayload int) error {
+func (e *Event) validate(i int, maxRecord int) error {
 	bad := func(field, reason string) error { return &ValidationError{Index: i, Field: field, Reason: reason} }
 	switch {
 	case e.AggregateType == "":
@@ -60,8 +60,6 @@ func (e *Event) validate(i int, maxPayload int) error {
 		return bad("AggregateID", "is empty")
 	case e.EventType == "":
 		return bad("EventType", "is empty")
-	case len(e.Payload) > maxPayload:
-		return bad("Payload", fmt.Sprintf("is %d bytes, over the limit of %d (WriterConfig.MaxPayloadBytes)", len(e.Payload), maxPayload))
 	}
 	// The fields that end up in an index, here (sequences) or in the
 	// consumer's tables: an event over a limit is one no consumer of this
@@ -99,6 +97,10 @@ func (e *Event) validate(i int, maxPayload int) error {
 		if !utf8.ValidString(value) || strings.ContainsRune(value, 0) {
 			return bad("Headers", fmt.Sprintf("value of %q is not UTF-8 text without NUL bytes", name))
 		}
+	}
+	if n := eventRecordBytes(e); n > maxRecord {
+		return bad("Payload", fmt.Sprintf("makes a Kafka record of up to %d bytes (payload %d, headers and key the rest), over the limit of %d (WriterConfig.MaxRecordBytes; the relay's client could not send it): store the content elsewhere and send a reference, or raise the limit in WriterConfig, RelayConfig and the client (kgo.ProducerBatchMaxBytes) together",
+			n, len(e.Payload), maxRecord))
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ func TestFleetRetentionAndDeadEventsOnEveryShard(t *testing.T) {
 	// client refuses it as MESSAGE_TOO_LARGE, on any broker.
 	tooLarge := bytes.Repeat([]byte("x"), 3<<20/2)
 	for _, s := range w.shards {
-		writer := producer.NewWriter(&producer.WriterConfig{Schema: s.Schema, MaxPayloadBytes: 2 << 20})
+		writer := producer.NewWriter(&producer.WriterConfig{Schema: s.Schema, MaxRecordBytes: 2 << 20})
 		require.NoError(t, pgx.BeginFunc(ctx, w.base.Pool, func(tx pgx.Tx) error {
 			_, err := writer.Write(ctx, tx, producer.Event{AggregateType: "account", AggregateID: s.Name + "/sick", EventType: "e", Payload: tooLarge, Topic: w.topic})
 			return err

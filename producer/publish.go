@@ -50,6 +50,10 @@ func scanClaimed(row pgx.CollectableRow) (*claimedEvent, error) {
 // event of their aggregate was not acknowledged (or went to another topic).
 var errHeldBack = errors.New("held back behind an earlier event of its aggregate")
 
+// heldTopic is no topic's name: publish maps an aggregate to it once the
+// aggregate's later events in the batch are held back.
+const heldTopic = "\x00"
+
 // outcome is what the broker said about one event of a batch.
 type outcome struct {
 	err       error
@@ -62,10 +66,15 @@ type outcome struct {
 //
 // All sent records are in flight at once. That keeps per-aggregate order
 // because an aggregate's records share a key and so a partition, and the
-// idempotent producer fails every later record of a partition when one
-// fails, so seq n+1 cannot land unless seq n did. That argument holds only
-// within one topic: when an aggregate's events in the batch change topic,
-// the rest of that aggregate waits for the next batch.
+// idempotent producer fails the later records of a partition buffered
+// behind one that fails, so seq n+1 does not land unless seq n did. That
+// argument holds only within one topic, and only for records the client
+// buffers: when an aggregate's events in the batch change topic, the rest
+// of that aggregate waits for the next batch, and a record the client
+// would fail before buffering it (too large for it) is not sent at all,
+// holding the rest of its aggregate likewise. Whatever the client does
+// besides, settleOnce never marks an event delivered behind an earlier
+// one of its aggregate that failed.
 func (r *Relay) publish(ctx context.Context, batch []*claimedEvent, recs []*kgo.Record) []outcome {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
@@ -80,7 +89,12 @@ func (r *Relay) publish(ctx context.Context, batch []*claimedEvent, recs []*kgo.
 			topicOf[agg] = topic
 		} else if first != topic {
 			out[i].err = errHeldBack
-			topicOf[agg] = "\x00" // hold the rest of this aggregate too
+			topicOf[agg] = heldTopic // hold the rest of this aggregate too
+			continue
+		}
+		if err := r.limit.recordTooLarge(recs[i]); err != nil {
+			out[i].err = err
+			topicOf[agg] = heldTopic
 			continue
 		}
 		wg.Add(1)
@@ -242,9 +256,10 @@ func (r *Relay) settle(ctx context.Context, batch []*claimedEvent, results []out
 }
 
 // settleOnce records the outcome in one transaction. Acknowledged rows are
-// marked delivered. Per aggregate, the first unacknowledged row has its
-// attempt counted and a backoff set, and the rows behind it just lose their
-// lease: they were not the cause. Per partition, likewise, only the first
+// marked delivered, unless an earlier row of their aggregate was not
+// acknowledged. Per aggregate, the first unacknowledged row has its
+// attempt counted and a backoff set, and the rows behind it, acknowledged
+// or not, just lose their lease: they were not the cause. Per partition, likewise, only the first
 // failed row is charged: when one record fails, the client fails every
 // record buffered behind it on that partition with the same error, and a
 // poison event must not count against healthy aggregates that share its
@@ -260,10 +275,24 @@ func (r *Relay) settleOnce(ctx context.Context, batch []*claimedEvent, results [
 		res := results[i]
 		part := [2]string{res.topic, strconv.Itoa(int(res.partition))}
 		switch {
-		case res.err == nil:
-			// Acknowledged, so it is on the topic whatever happened before
-			// it; marking it avoids publishing it twice.
+		case res.err == nil && !blocked[agg]:
+			// Acknowledged, and so was every earlier event of its
+			// aggregate in the batch.
 			delivered = append(delivered, e.id)
+		case res.err == nil:
+			// Acknowledged behind an earlier event of its aggregate that
+			// failed: the client let it out of order. It is on the topic,
+			// but marking it would make the aggregate's sequence skip the
+			// failed one for good; left undelivered, it waits behind that
+			// one and is published again after it, a duplicate that
+			// consumers drop once they applied it (those that check
+			// sequences park this copy until then).
+			released = append(released, e.id)
+			if logFailures {
+				r.log.ErrorContext(ctx, "relay: an event was acknowledged although an earlier event of its aggregate in the batch failed; it reached the topic out of order, is not marked delivered, and is published again after the earlier one",
+					slog.String("topic", res.topic), slog.Int64("event_id", e.id), slog.String("aggregate_type", e.aggregateType),
+					slog.String("aggregate_id", e.aggregateID), slog.Int64("seq", e.seq))
+			}
 		case blocked[agg] || errors.Is(res.err, errHeldBack) || (res.partition >= 0 && charged[part]):
 			blocked[agg] = true
 			released = append(released, e.id)

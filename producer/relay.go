@@ -74,6 +74,15 @@ type RelayConfig struct {
 	// OnDead says what happens to the later events of an aggregate whose
 	// event went dead. Default HoldAggregate.
 	OnDead DeadPolicy
+	// MaxRecordBytes is the largest record, as Kafka counts it (see
+	// [WriterConfig.MaxRecordBytes]), that the relay must be able to send:
+	// NewRelay refuses a client that cannot send one to Topic (its
+	// kgo.ProducerBatchMaxBytes, kgo.BrokerMaxWriteBytes or
+	// kgo.MaxBufferedBytes are smaller). Give it the writers' value.
+	// Whatever it says, a record the client would refuse is never handed
+	// to it: it fails as a permanent error, and its aggregate's later
+	// events wait behind it. Default DefaultMaxRecordBytes.
+	MaxRecordBytes int
 	// RelayID names this instance in logs and in the relays table. Default:
 	// host name, process id and a random suffix.
 	RelayID string
@@ -134,6 +143,8 @@ type Relay struct {
 	health atomic.Pointer[RelayHealth]
 	// trace is cfg.Tracer under each interface it implements.
 	trace relayTracers
+	// limit is what the client sends; publish hands it no larger record.
+	limit clientLimit
 	// failing is [RelayHealth.FailingTopics]; publish's goroutines write it.
 	failing failingTopics
 	// activityPruned is when (unix seconds) a mark batch last pruned the
@@ -182,6 +193,7 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 	setDefault(&c.Lease, 5*time.Second)
 	setDefault(&c.PublishTimeout, 2*time.Second)
 	setDefault(&c.MaxAttempts, 10)
+	setDefault(&c.MaxRecordBytes, DefaultMaxRecordBytes)
 	setDefault(&c.MinBackoff, 100*time.Millisecond)
 	setDefault(&c.MaxBackoff, time.Minute)
 	setDefault(&c.RebalanceInterval, 2*time.Second)
@@ -199,8 +211,12 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 	if c.MaxAttempts > math.MaxInt32 {
 		return nil, fmt.Errorf("producer: MaxAttempts (%d) is above %d, the attempts column's range", c.MaxAttempts, math.MaxInt32)
 	}
-	if c.BatchSize < 0 || c.MaxAttempts < 0 {
-		return nil, fmt.Errorf("producer: BatchSize (%d) and MaxAttempts (%d) must not be negative; leave them zero for the defaults", c.BatchSize, c.MaxAttempts)
+	if c.BatchSize < 0 || c.MaxAttempts < 0 || c.MaxRecordBytes < 0 {
+		return nil, fmt.Errorf("producer: BatchSize (%d), MaxAttempts (%d) and MaxRecordBytes (%d) must not be negative; leave them zero for the defaults", c.BatchSize, c.MaxAttempts, c.MaxRecordBytes)
+	}
+	limit := limitOf(client)
+	if err := limit.checkClientLimit(c.MaxRecordBytes, c.Topic); err != nil {
+		return nil, err
 	}
 	if c.Lease <= c.PublishTimeout {
 		return nil, fmt.Errorf("producer: Lease (%s) must exceed PublishTimeout (%s), or another instance could take over events still being published", c.Lease, c.PublishTimeout)
@@ -231,6 +247,7 @@ func NewRelay(pool *pgxpool.Pool, client *kgo.Client, cfg *RelayConfig) (*Relay,
 		retry:    backoff.Policy{Min: c.MinBackoff, Max: c.MaxBackoff},
 		lockKey:  schemaLockKey(c.Schema),
 		trace:    newRelayTracers(c.Tracer),
+		limit:    limit,
 	}, nil
 }
 

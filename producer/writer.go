@@ -52,21 +52,21 @@ func (e *MovedError) Error() string {
 // Unwrap returns ErrAggregateMoved.
 func (e *MovedError) Unwrap() error { return ErrAggregateMoved }
 
-// DefaultMaxPayloadBytes is the payload limit unless WriterConfig says
-// otherwise: Kafka's default max.message.bytes is about 1 MiB.
-const DefaultMaxPayloadBytes = 1 << 20
-
 // WriterConfig tunes a Writer. The zero value is valid.
 type WriterConfig struct {
 	// Schema holds the outbox tables. Default outbox.DefaultSchema.
 	Schema string
-	// MaxPayloadBytes refuses larger payloads before anything is written.
-	// Keep it under what the relay can send: the topic's max.message.bytes
-	// and the client's kgo.ProducerBatchMaxBytes (franz-go's default is
-	// 1,000,012 bytes, a little under the 1 MiB default here), less room
-	// for headers; an event over them goes to the dead events. Default
-	// DefaultMaxPayloadBytes (1 MiB).
-	MaxPayloadBytes int
+	// MaxRecordBytes refuses, before anything is written, an event whose
+	// Kafka record would be larger: its key, payload and headers (the
+	// SDK's and the event's own, with the trace context) in a record batch
+	// of its own, as the client's kgo.ProducerBatchMaxBytes and the topic's
+	// max.message.bytes count it (uncompressed). It is one setting for both
+	// ends: give the relay the same value in [RelayConfig.MaxRecordBytes],
+	// and NewRelay refuses a client that cannot send such a record, so an
+	// event that Write accepts can always be published. Default
+	// DefaultMaxRecordBytes (1,000,012 bytes, franz-go's and Kafka's
+	// default limit).
+	MaxRecordBytes int
 	// Propagator, when set, copies the trace context of Write's ctx into
 	// each event's headers (a header the event sets itself wins), so that
 	// it travels with the event to its consumers. Default nil.
@@ -87,7 +87,7 @@ type WriterConfig struct {
 // Writer inserts events into the outbox inside the caller's transaction.
 // It holds no connection and is safe for concurrent use.
 type Writer struct {
-	maxPayload int
+	maxRecord  int
 	schema     string
 	propagator Propagator
 	// cdc and topic are [WriterConfig.CDC] and [WriterConfig.Topic].
@@ -110,9 +110,9 @@ func NewWriter(cfg *WriterConfig) *Writer {
 	if schema == "" {
 		schema = outbox.DefaultSchema
 	}
-	maxPayload := cfg.MaxPayloadBytes
-	if maxPayload <= 0 {
-		maxPayload = DefaultMaxPayloadBytes
+	maxRecord := cfg.MaxRecordBytes
+	if maxRecord <= 0 {
+		maxRecord = DefaultMaxRecordBytes
 	}
 	var bad error
 	if err := tables.CheckSchema(schema); err != nil {
@@ -120,7 +120,7 @@ func NewWriter(cfg *WriterConfig) *Writer {
 	}
 	return &Writer{
 		bad:        bad,
-		maxPayload: maxPayload,
+		maxRecord:  maxRecord,
 		schema:     schema,
 		propagator: cfg.Propagator,
 		cdc:        cfg.CDC,
@@ -184,7 +184,7 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]Writt
 	}
 	events = w.withTraceContext(ctx, events)
 	for i := range events {
-		if err := events[i].validate(i, w.maxPayload); err != nil {
+		if err := events[i].validate(i, w.maxRecord); err != nil {
 			return nil, err
 		}
 	}

@@ -28,7 +28,7 @@ func TestWriter(t *testing.T) {
 	setup := func(t *testing.T) (*producer.Writer, *pgtest.DB) {
 		t.Helper()
 		db := pgtest.New(t, nil)
-		return producer.NewWriter(&producer.WriterConfig{Schema: db.Schema, MaxPayloadBytes: 64}), db
+		return producer.NewWriter(&producer.WriterConfig{Schema: db.Schema, MaxRecordBytes: 8 << 10}), db
 	}
 	count := func(t *testing.T, db *pgtest.DB) int {
 		t.Helper()
@@ -273,7 +273,8 @@ func TestWriter(t *testing.T) {
 			{"EmptyAggregateType", func(e *producer.Event) { e.AggregateType = "" }, "AggregateType"},
 			{"EmptyAggregateID", func(e *producer.Event) { e.AggregateID = "" }, "AggregateID"},
 			{"EmptyEventType", func(e *producer.Event) { e.EventType = "" }, "EventType"},
-			{"PayloadOverLimit", func(e *producer.Event) { e.Payload = make([]byte, 65) }, "Payload"},
+			{"PayloadOverLimit", func(e *producer.Event) { e.Payload = make([]byte, 8<<10) }, "Payload"},
+			{"HeadersOverLimit", func(e *producer.Event) { e.Headers = map[string]string{"big": strings.Repeat("h", 8<<10)} }, "Payload"},
 			{"HeaderNameWithSpace", func(e *producer.Event) { e.Headers = map[string]string{"my header": "x"} }, "Headers"},
 			{"HeaderNameEmpty", func(e *producer.Event) { e.Headers = map[string]string{"": "x"} }, "Headers"},
 			{"HeaderNameReserved", func(e *producer.Event) { e.Headers = map[string]string{"outbox-event-id": "x"} }, "Headers"},
