@@ -4,7 +4,14 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
+
+// prober is what judge asks SELECT 1: a pool, or a live transaction.
+type prober interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // probeTimeout bounds the probe that judge sends: a database that cannot
 // answer SELECT 1 within it is not serving other work.
@@ -14,14 +21,19 @@ const probeTimeout = 5 * time.Second
 // classTransient when it is classSuspect: a statement timeout, a lock
 // timeout, a deadlock or a lost connection in the handler's own work,
 // which a sick record and an outage both cause. It asks the database on
-// another connection. When the database answers, it serves other work and
-// the failure is the record's: its try counts toward [Config.MaxAttempts],
-// so a record whose handler times out every time ends as a dead letter
-// instead of being handed back for ever. When it does not answer, that is
+// probe, which is the Processor's pool after a try whose transaction
+// ended, and the draining transaction itself for a parked record's try in
+// a drain: that transaction is alive after the rollback to its savepoint,
+// and a busy pool (two connections, or PgBouncer's pool_size 1) may have
+// no second connection to give while the drain holds one, which must not
+// be mistaken for an outage. When the database answers, it serves other
+// work and the failure is the record's: its try counts toward
+// [Config.MaxAttempts], so a record whose handler times out every time
+// ends as a dead letter instead of being handed back for ever. When it does not answer, that is
 // an outage: nothing counts, nothing is dead-lettered, and the log says
 // so. Other classes pass through unchanged; a pooler's error is logged
 // with its fix.
-func (p *Processor) judge(ctx context.Context, class errClass, err error, m *Message) errClass {
+func (p *Processor) judge(ctx context.Context, probe prober, class errClass, err error, m *Message) errClass {
 	if isPooler(err) {
 		p.log.WarnContext(ctx, "consumer: a connection pooler lost a prepared statement; the record is not blamed. Behind PgBouncer in transaction mode use pgx's exec or describe-exec mode (default_query_exec_mode=exec in the connection string), or PgBouncer 1.21+ with max_prepared_statements: see docs/deployment.md",
 			slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
@@ -34,7 +46,7 @@ func (p *Processor) judge(ctx context.Context, class errClass, err error, m *Mes
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var one int
-	perr := p.db.QueryRow(pctx, "SELECT 1").Scan(&one)
+	perr := probe.QueryRow(pctx, "SELECT 1").Scan(&one)
 	if perr == nil {
 		return classRecord
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/d419a114/outbox/consumer"
+	"github.com/d419a114/outbox/deadletter"
 	"github.com/d419a114/outbox/internal/eventually"
 	"github.com/d419a114/outbox/internal/pgtest"
 )
@@ -241,6 +242,110 @@ func TestNoRecordRetriedForever(t *testing.T) {
 			}
 		}
 		require.Equal(t, []int64{2}, open)
+	})
+
+	// pgx closes the connection of a query whose deadline passes: a parked
+	// successor that runs past HandlerTimeout in a drain takes the whole
+	// transaction with it. Its try counts against it, not against the
+	// record that released it, which applies.
+	t.Run("ParkedSuccessorRunsPastHandlerTimeout", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		e := newEffects(t, db)
+		var runs atomic.Int32
+		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.IdempotencyKey == "k2" {
+				runs.Add(1)
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(5)`)
+				return err
+			}
+			return e.Handle(ctx, tx, m)
+		})
+		c := fastConfig(db, 1)
+		c.HandlerTimeout = 50 * time.Millisecond
+		p, err := consumer.Handle(db.Pool, "svc", h, c)
+		require.NoError(t, err)
+		res := processAll(t, p, 1, rec("o", 2, "k2"))
+		require.Equal(t, consumer.Parked, res[0].Outcome)
+		var out consumer.Result
+		for range 3 {
+			if out, err = p.Process(ctx, placed(t, "o", 1, "k1")); err == nil {
+				break
+			}
+		}
+		require.NoError(t, err, "the releasing record is not handed back for its successor's timeout")
+		require.Equal(t, consumer.Applied, out.Outcome)
+		require.Equal(t, []int64{1}, e.seqs(t, "o"))
+		letters, err := lettersOf(ctx, p, nil)
+		require.NoError(t, err)
+		require.Len(t, letters, 1, "the successor is dead-lettered after MaxAttempts tries")
+		require.Equal(t, int64(2), letters[0].Seq)
+		require.Equal(t, deadletter.ReasonTimeout, letters[0].Reason)
+		require.Equal(t, 3, letters[0].Attempts)
+		require.Equal(t, int32(3), runs.Load(), "run MaxAttempts times, not more")
+	})
+
+	t.Run("ReplayReleasesASuccessorThatRunsPastHandlerTimeout", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		e := newEffects(t, db)
+		var sick atomic.Bool
+		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.IdempotencyKey == "k2" && sick.Load() {
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(5)`)
+				return err
+			}
+			return e.Handle(ctx, tx, m)
+		})
+		c := fastConfig(db, 1)
+		c.HandlerTimeout = 50 * time.Millisecond
+		p, err := consumer.Handle(db.Pool, "svc", h, c)
+		require.NoError(t, err)
+		e.failKey("k1", consumer.Permanent(errBroken))
+		res := processAll(t, p, 1, rec("o", 1, "k1"), rec("o", 2, "k2"))
+		require.Equal(t, []consumer.Outcome{consumer.DeadLettered, consumer.Parked}, outcomes(res))
+		e.failKey("k1", nil)
+		sick.Store(true)
+		out, err := p.Replay(ctx, res[0].DeadLetterID)
+		require.NoError(t, err, "the replay is not failed by its successor's timeout")
+		require.Equal(t, consumer.Applied, out.Outcome)
+		_, err = p.DrainReady(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []int64{1}, e.seqs(t, "o"))
+		letters, err := lettersOf(ctx, p, &deadletter.ListOpts{Status: deadletter.StatusDead})
+		require.NoError(t, err)
+		require.Len(t, letters, 1)
+		require.Equal(t, int64(2), letters[0].Seq)
+		require.Equal(t, deadletter.ReasonTimeout, letters[0].Reason)
+	})
+
+	// A drain holds a connection; with a pool of one there is no second
+	// one for the outage probe, which asks the draining transaction
+	// instead: a successor's statement timeout is its own, not an outage.
+	t.Run("StatementTimeoutInADrainOnABusyPool", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, &pgtest.Opts{MaxConns: 1})
+		e := newEffects(t, db)
+		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.IdempotencyKey == "k2" {
+				return statementTimeout(ctx, tx)
+			}
+			return e.Handle(ctx, tx, m)
+		})
+		var logs lockedBuffer
+		c := fastConfig(db, 1)
+		c.Logger = logs.logger()
+		p, err := consumer.Handle(db.Pool, "svc", h, c)
+		require.NoError(t, err)
+		res := processAll(t, p, 1, rec("o", 2, "k2"), rec("o", 1, "k1"))
+		require.NoError(t, res[1].Err)
+		require.Equal(t, []consumer.Outcome{consumer.Parked, consumer.Applied}, outcomes(res))
+		require.NotContains(t, logs.String(), "database not answering")
+		letters, err := lettersOf(ctx, p, nil)
+		require.NoError(t, err)
+		require.Len(t, letters, 1, "the successor is dead-lettered in the drain")
+		require.Equal(t, int64(2), letters[0].Seq)
+		require.Equal(t, 3, letters[0].Attempts)
 	})
 
 	t.Run("RunnerMovesPastARecordThatAlwaysTimesOut", func(t *testing.T) {

@@ -62,7 +62,7 @@ func (r *recordRun) process(ctx context.Context, prior error) (Result, error) {
 				return Result{}, err
 			}
 			tries := r.attempt
-			class = p.judge(ctx, classify(err), err, m)
+			class = p.judge(ctx, p.db, classify(err), err, m)
 			switch class {
 			case classTransient:
 				if r.transient++; r.transient >= p.cfg.MaxAttempts {
@@ -92,7 +92,7 @@ func (r *recordRun) process(ctx context.Context, prior error) (Result, error) {
 		res, err = r.try(ctx)
 		if err == nil {
 			res.Attempts = r.handlerRuns
-			if res.Drained == drainChunk {
+			if res.Drained == drainChunk || p.ordered(m) && p.faults.pending(m.aggregate()) {
 				n, err := p.drainRest(ctx, m.aggregate())
 				res.Drained += n
 				if err != nil {
@@ -260,7 +260,7 @@ func (r *recordRun) apply(ctx context.Context) (Result, error) {
 	}
 	res := Result{Outcome: Applied}
 	if c.Parked > 0 {
-		n, err := p.drain(ctx, tx, agg)
+		n, err := p.drain(ctx, tx, agg, false)
 		if err != nil {
 			return Result{}, err
 		}
