@@ -348,6 +348,52 @@ func TestNoRecordRetriedForever(t *testing.T) {
 		require.Equal(t, 3, letters[0].Attempts)
 	})
 
+	// A serialization failure at COMMIT (a deferred trigger raises it
+	// here) is the SDK's own statement failing: it never counts, however
+	// often it comes; a deferred constraint's own error still does.
+	t.Run("SerializationFailureAtCommitCountsNothing", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		e := newEffects(t, db)
+		conflict := db.Table("conflict")
+		fn := db.Table("raise_conflict")
+		for _, stmt := range []string{
+			`CREATE TABLE ` + conflict + ` (n int)`,
+			`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END $$`,
+			`CREATE CONSTRAINT TRIGGER conflict_at_commit AFTER INSERT ON ` + conflict + `
+			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + fn + `()`,
+		} {
+			_, err := db.Pool.Exec(ctx, stmt)
+			require.NoError(t, err)
+		}
+		var fails atomic.Int32
+		fails.Store(5) // above MaxAttempts 3
+		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if fails.Add(-1) >= 0 {
+				if _, err := tx.Exec(ctx, `INSERT INTO `+conflict+` VALUES (1)`); err != nil {
+					return err
+				}
+			}
+			return e.Handle(ctx, tx, m)
+		})
+		p, err := consumer.Handle(db.Pool, "svc", h, fastConfig(db, 1))
+		require.NoError(t, err)
+		r := placed(t, "o", 1, "k1")
+		var res consumer.Result
+		for range 3 {
+			if res, err = p.Process(ctx, r); err == nil {
+				break
+			}
+			var pe *pgconn.PgError
+			require.ErrorAs(t, err, &pe, "handed back undone")
+			require.Equal(t, "40001", pe.Code)
+		}
+		require.NoError(t, err)
+		require.Equal(t, consumer.Applied, res.Outcome, "never dead-lettered for a conflict at commit")
+		require.Equal(t, []int64{1}, e.seqs(t, "o"))
+	})
+
 	t.Run("RunnerMovesPastARecordThatAlwaysTimesOut", func(t *testing.T) {
 		t.Parallel()
 		b := newGroupBundle(t, 1)

@@ -137,8 +137,16 @@ func (r *recordRun) try(ctx context.Context) (Result, error) {
 	if err := tx.Commit(ctx); err != nil {
 		// A commit can fail because of the handler's deferred constraints
 		// or because the connection broke; either way the record is tried
-		// again and dedupe sorts out a commit that did land.
-		return Result{}, connectionLost(tx, fmt.Errorf("consumer: commit: %w", err))
+		// again and dedupe sorts out a commit that did land. The COMMIT is
+		// the SDK's own statement: a serialization failure, a deadlock or
+		// any other SQLSTATE that contention or an outage causes there is
+		// retried without counting; only a deferred constraint's error
+		// (any other SQLSTATE) counts against the record.
+		err = fmt.Errorf("consumer: commit: %w", err)
+		if classify(err) == classSuspect {
+			err = infra(err)
+		}
+		return Result{}, connectionLost(tx, err)
 	}
 	return res, nil
 }
