@@ -57,3 +57,21 @@ func (p *Processor) judge(ctx context.Context, probe prober, class errClass, err
 	}
 	return classTransient
 }
+
+// riding reports whether err, a failure judged the record's, is one that
+// contention or a failover also causes (classSuspect) while
+// [Config.ContentionSpan] since the first of them in a row, *since, is not
+// over: the record is then tried again although its tries reached
+// MaxAttempts. It sets *since at the first such failure and clears it at
+// any other.
+func (p *Processor) riding(since *time.Time, err error) bool {
+	if classify(err) != classSuspect || p.cfg.ContentionSpan < 0 {
+		*since = time.Time{}
+		return false
+	}
+	now := time.Now()
+	if since.IsZero() {
+		*since = now
+	}
+	return now.Sub(*since) < p.cfg.ContentionSpan
+}

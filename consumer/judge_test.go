@@ -76,7 +76,9 @@ func TestNoRecordRetriedForever(t *testing.T) {
 			}
 			return e.Handle(ctx, tx, m)
 		})
-		p, err := consumer.Handle(db.Pool, "svc", h, fastConfig(db, 1))
+		c := fastConfig(db, 1)
+		c.ContentionSpan = 100 * time.Millisecond // over while the lock is held
+		p, err := consumer.Handle(db.Pool, "svc", h, c)
 		require.NoError(t, err)
 		lock, err := db.Pool.Begin(ctx)
 		require.NoError(t, err)
@@ -89,6 +91,38 @@ func TestNoRecordRetriedForever(t *testing.T) {
 		var pe *pgconn.PgError
 		require.ErrorAs(t, res.Err, &pe)
 		require.Equal(t, "55P03", pe.Code)
+	})
+
+	// A healthy record that waits on a lock longer than its lock_timeout
+	// for more than MaxAttempts tries is not poison: within
+	// ContentionSpan it is tried again, and applies once the lock is gone.
+	t.Run("LockWaitWithinContentionSpanIsRiddenOut", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		e := newEffects(t, db)
+		lock, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = lock.Rollback(ctx) }()
+		_, err = lock.Exec(ctx, `LOCK TABLE `+e.table+` IN ACCESS EXCLUSIVE MODE`)
+		require.NoError(t, err)
+		var runs atomic.Int32
+		h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if runs.Add(1) == 6 { // twice MaxAttempts: the lock's holder is done
+				require.NoError(t, lock.Rollback(ctx))
+			}
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '20ms'`); err != nil {
+				return err
+			}
+			return e.Handle(ctx, tx, m)
+		})
+		c := fastConfig(db, 1)
+		c.ContentionSpan = time.Hour
+		p, err := consumer.Handle(db.Pool, "svc", h, c)
+		require.NoError(t, err)
+		res, err := p.Process(ctx, placed(t, "o", 1, "k1"))
+		require.NoError(t, err)
+		require.Equal(t, consumer.Applied, res.Outcome, "a lock wait the next try clears is not poison")
+		require.Equal(t, 6, res.Attempts)
 	})
 
 	t.Run("HandlerTimeoutCancelledByTheServer", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -52,6 +53,7 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 		m.IdempotencyKey = pk.IdempotencyKey
 		m.Seq, m.AggregateType, m.AggregateID = pk.Seq, agg.Type, agg.ID
 		herr, runs, start := perr, 0, 1
+		var contended time.Time
 		if lost != nil {
 			runs, start = lost.tries, lost.tries+1
 			if lost.tries >= p.cfg.MaxAttempts {
@@ -89,7 +91,8 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 				// transaction and hand the releasing record back.
 				return infra(fmt.Errorf("consumer: drain %s seq %d: %w", agg, m.Seq, herr))
 			}
-			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
+			riding := p.riding(&contended, herr)
+			if attempt >= p.cfg.MaxAttempts && !riding || IsPermanent(herr) {
 				break
 			}
 			if err := sleep(ctx, p.cfg.backoff(attempt)); err != nil {

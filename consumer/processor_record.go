@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,6 +27,9 @@ type recordRun struct {
 	// those that failed for the database's, which never dead-letter: after
 	// MaxAttempts of them in a row the record is handed back undone.
 	handlerRuns, attempt, transient int
+	// contended is when the record's failures that contention also causes
+	// began, zero when the last failure was not one; see riding.
+	contended time.Time
 	// tx is the transaction of the try in progress; pre is what its first
 	// statement, sent with BEGIN, said, or nil when apply is to claim the
 	// key in tx.
@@ -72,7 +76,8 @@ func (r *recordRun) process(ctx context.Context, prior error) (Result, error) {
 			case classData:
 				return r.deadLetter(ctx, err)
 			default:
-				if r.attempt >= p.cfg.MaxAttempts || IsPermanent(err) {
+				riding := p.riding(&r.contended, err)
+				if r.attempt >= p.cfg.MaxAttempts && !riding || IsPermanent(err) {
 					return r.deadLetter(ctx, err)
 				}
 				r.transient = 0
