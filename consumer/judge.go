@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,11 +35,15 @@ const probeTimeout = 5 * time.Second
 // so. Other classes pass through unchanged; a pooler's error is logged
 // with its fix.
 func (p *Processor) judge(ctx context.Context, probe prober, class errClass, err error, m *Message) errClass {
-	if isPooler(err) {
-		p.log.WarnContext(ctx, "consumer: a connection pooler lost a prepared statement; the record is not blamed. Behind PgBouncer in transaction mode use pgx's exec or describe-exec mode (default_query_exec_mode=exec in the connection string), or PgBouncer 1.21+ with max_prepared_statements: see docs/deployment.md",
-			slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
-			slog.String("error", err.Error()))
-		return class
+	if isPooler(err) && !isInfra(err) {
+		attrs := []any{slog.String("topic", m.Topic), slog.Int("partition", int(m.Partition)), slog.Int64("offset", m.Offset),
+			slog.String("error", err.Error())}
+		if p.pooler.seen(m, p.cfg.ContentionSpan) {
+			p.log.WarnContext(ctx, "consumer: a connection pooler lost a prepared statement; the record is not blamed. Behind PgBouncer in transaction mode use pgx's exec or describe-exec mode (default_query_exec_mode=exec in the connection string), or PgBouncer 1.21+ with max_prepared_statements: see docs/deployment.md", attrs...)
+			return classTransient
+		}
+		p.log.WarnContext(ctx, "consumer: the handler got a prepared-statement or protocol error that no other record got lately; it counts against the record (a pooler's fault shows in other records too: see docs/deployment.md)", attrs...)
+		return classRecord
 	}
 	if class != classSuspect {
 		return class
@@ -74,4 +79,39 @@ func (p *Processor) riding(since *time.Time, err error) bool {
 		*since = now
 	}
 	return now.Sub(*since) < p.cfg.ContentionSpan
+}
+
+// poolerSeen remembers the last record whose handler got a pooler's
+// SQLSTATE (poolerStates), and when another record last did, so that
+// judge can tell a pooler's fault, which other records see too, from a
+// handler's own, which one record sees on every try. Any goroutine
+// touches it under mu.
+type poolerSeen struct {
+	mu sync.Mutex
+	// last got one at at; another record got one at other.
+	last      recordAt
+	at, other time.Time
+}
+
+// recordAt names a record by its place.
+type recordAt struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+// seen notes that m's handler got a pooler's error and reports whether
+// another record's did within span (a minute when span is negative).
+func (s *poolerSeen) seen(m *Message, span time.Duration) bool {
+	if span < 0 {
+		span = time.Minute
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, here := time.Now(), recordAt{m.Topic, m.Partition, m.Offset}
+	if here != s.last {
+		s.other, s.last = s.at, here
+	}
+	s.at = now
+	return !s.other.IsZero() && now.Sub(s.other) < span
 }

@@ -233,8 +233,15 @@ func TestNoRecordRetriedForever(t *testing.T) {
 		c.Logger = logs.logger()
 		p, err := consumer.Handle(db.Pool, "svc", e, c)
 		require.NoError(t, err)
+		// The pooler loses statements of every record: a first one gets
+		// it once (its own try counts: nothing else showed it yet) ...
+		fails.Store(1)
+		res, err := p.Process(ctx, placed(t, "p", 1, "p1"))
+		require.NoError(t, err)
+		require.Equal(t, consumer.Applied, res.Outcome)
+		// ... and then another gets it ten times in a row.
+		fails.Store(10)
 		r := placed(t, "o", 1, "k1")
-		var res consumer.Result
 		for range 10 {
 			if res, err = p.Process(ctx, r); err == nil {
 				break
@@ -243,6 +250,27 @@ func TestNoRecordRetriedForever(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, consumer.Applied, res.Outcome, "never dead-lettered for the pooler's fault")
 		require.Contains(t, logs.String(), "docs/deployment.md")
+	})
+
+	// A handler that gets 26000 on every try of its own making (it runs a
+	// statement it never prepared), while no other record does, is judged
+	// like any handler error.
+	t.Run("HandlersOwnPreparedStatementErrorCounts", func(t *testing.T) {
+		t.Parallel()
+		db := pgtest.New(t, nil)
+		e := newEffects(t, db)
+		e.reject = func(m *consumer.Message) error {
+			if m.AggregateID == "o" {
+				return &pgconn.PgError{Code: "26000", Message: `prepared statement "mine" does not exist`}
+			}
+			return nil
+		}
+		p, err := consumer.Handle(db.Pool, "svc", e, fastConfig(db, 1))
+		require.NoError(t, err)
+		res, err := p.Process(ctx, placed(t, "o", 1, "k1"))
+		require.NoError(t, err, "not handed back for ever")
+		require.Equal(t, consumer.DeadLettered, res.Outcome)
+		require.Equal(t, 3, res.Attempts)
 	})
 
 	t.Run("ASickParkedSuccessorDoesNotBlockReplay", func(t *testing.T) {
