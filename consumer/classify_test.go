@@ -38,9 +38,9 @@ func TestClassify(t *testing.T) {
 		{"Timeout", &HandlerTimeoutError{Err: context.DeadlineExceeded}, classRecord},
 		{"TimeoutCancelledByTheServer", &HandlerTimeoutError{Err: pg("57014")}, classRecord},
 		{"OwnStatementTimeout", infra(pg("57014")), classTransient},
-		{"PoolerDuplicateStatement", pg("42P05"), classTransient},
-		{"PoolerMissingStatement", fmt.Errorf("wrapped: %w", pg("26000")), classTransient},
-		{"PoolerProtocolViolation", pg("08P01"), classTransient},
+		{"PoolerDuplicateStatement", pg("42P05"), classSuspect},
+		{"PoolerMissingStatement", fmt.Errorf("wrapped: %w", pg("26000")), classSuspect},
+		{"PoolerProtocolViolation", pg("08P01"), classSuspect},
 		{"OwnStatementPooler", infra(pg("26000")), classTransient},
 	}
 	for _, tt := range tests {

@@ -22,8 +22,22 @@ type Config struct {
 	// deadlock counts as a try while the database answers other work;
 	// during an outage nothing counts and the record is handed back
 	// after MaxAttempts tries in a row (see the package's README).
-	// Default 5.
+	// Such a failure dead-letters a record only once it has also lasted
+	// ContentionSpan. Default 5.
 	MaxAttempts int
+	// ContentionSpan is how long a record's handler must keep failing
+	// with a SQLSTATE that contention or a failover also causes (a
+	// statement or lock timeout, a deadlock, a serialization failure, a
+	// lost connection), counted from its first such failure, before it is
+	// dead-lettered for it: MaxAttempts such tries alone do not suffice.
+	// A healthy record that waits on a lock, or rides out a failover, is
+	// retried with backoff until the span is over and applies when the
+	// next try clears, instead of being dead-lettered after a second.
+	// Meanwhile it holds its aggregate, and its partition in the
+	// Consumer. Other failures (errors, panics, *HandlerTimeoutError) are
+	// judged by MaxAttempts alone. Default 1 minute; negative: MaxAttempts
+	// alone decides.
+	ContentionSpan time.Duration
 	// MinBackoff and MaxBackoff bound the exponential wait between tries,
 	// which is jittered. Default 50ms and 5s.
 	MinBackoff, MaxBackoff time.Duration
@@ -162,6 +176,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.HandlerTimeout == 0 {
 		out.HandlerTimeout = 30 * time.Second
+	}
+	if out.ContentionSpan == 0 {
+		out.ContentionSpan = time.Minute
 	}
 	if out.MaxValueBytes == 0 {
 		out.MaxValueBytes = 16 << 20

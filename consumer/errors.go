@@ -184,8 +184,12 @@ var transientStates = map[string]bool{
 // poolerStates are the SQLSTATEs a connection pooler in transaction mode
 // causes under pgx's statement cache (a prepared statement that another
 // client's session holds, or that this session lost), and PgBouncer's
-// protocol errors. They are a deployment's fault, never a record's:
-// transient wherever they come from, the handler included. The fix is in
+// protocol errors. From the SDK's own statements they are a
+// deployment's fault, never a record's: transient. From the handler they
+// are suspect: a handler can get one of its own making (it executes a
+// statement it never prepared) on every try, so Processor.judge counts
+// it unless another record got one too within [Config.ContentionSpan]
+// (see poolerSeen). The fix is in
 // docs/deployment.md: pgx's exec or describe-exec mode, or PgBouncer 1.21
 // and later with max_prepared_statements.
 var poolerStates = map[string]bool{
@@ -210,7 +214,10 @@ func classify(err error) errClass {
 		code := pe.Code
 		switch {
 		case poolerStates[code]:
-			return classTransient
+			if isInfra(err) {
+				return classTransient
+			}
+			return classSuspect
 		case transientStates[code] || len(code) == 5 && transientStates[code[:2]]:
 			if isInfra(err) {
 				return classTransient

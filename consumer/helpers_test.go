@@ -249,7 +249,7 @@ var errBroken = errors.New("downstream broken")
 func fastConfig(db *pgtest.DB, batch int) *consumer.Config {
 	return &consumer.Config{
 		Schema: db.Schema, MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
-		BatchSize: batch, Logger: quietLogger,
+		BatchSize: batch, Logger: quietLogger, ContentionSpan: -1,
 	}
 }
 

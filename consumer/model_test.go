@@ -251,6 +251,9 @@ func (r *modeRun) start() error {
 	cfg := &consumer.Config{
 		Schema: r.db.Schema, MaxAttempts: modelMaxAttempts, MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
 		HandlerTimeout: modelHandlerTimeout, MaxValueBytes: modelMaxValue, Logger: quietLogger,
+		// The reference counts a transient fault like any failure:
+		// MaxAttempts alone decides, with no span of time to wait out.
+		ContentionSpan: -1,
 	}
 	r.down = &outage{DB: r.db.Pool}
 	p, err := consumer.Handle(r.down, r.name, r.h, cfg)

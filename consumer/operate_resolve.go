@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 
@@ -36,7 +37,7 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 	}
 	var res Result
 	e := p.entry(ctx, operator.Replay, id, ordering.Aggregate{})
-	err := p.dead.Replay(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
+	replay := func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
 		e.AggregateType, e.AggregateID = l.AggregateType, l.AggregateID
 		if l.Consumer != p.name {
 			return fmt.Errorf("consumer: dead letter %d belongs to consumer %q, not %q: %w", id, l.Consumer, p.name, ErrWrongConsumer)
@@ -82,7 +83,8 @@ func (p *Processor) Replay(ctx context.Context, id int64) (Result, error) {
 			return err
 		}
 		return p.countRequest(ctx, tx, delta)
-	})
+	}
+	err := p.releasing(func() error { return p.dead.Replay(ctx, p.db, id, replay) })
 	if err != nil {
 		p.auditFailure(ctx, e, err)
 		return Result{}, err
@@ -107,7 +109,7 @@ func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 	}
 	drained := 0
 	e := p.entry(ctx, operator.Discard, id, ordering.Aggregate{})
-	err := p.dead.Discard(ctx, p.db, id, func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
+	discard := func(ctx context.Context, tx pgx.Tx, l *deadletter.Letter) error {
 		e.AggregateType, e.AggregateID = l.AggregateType, l.AggregateID
 		if err := p.discard(ctx, tx, id, l, &drained); err != nil {
 			return err
@@ -116,7 +118,8 @@ func (p *Processor) Discard(ctx context.Context, id int64) (int, error) {
 			return err
 		}
 		return p.countRequest(ctx, tx, operator.Progress{Discarded: 1, Drained: int64(drained)})
-	})
+	}
+	err := p.releasing(func() error { return p.dead.Discard(ctx, p.db, id, discard) })
 	if err != nil {
 		p.auditFailure(ctx, e, err)
 		return 0, err
@@ -154,7 +157,7 @@ func (p *Processor) discard(ctx context.Context, tx pgx.Tx, id int64, l *deadlet
 	if _, _, err := p.ordering.SkipTo(ctx, tx, agg, l.Seq); err != nil {
 		return err
 	}
-	*drained, err = p.drain(ctx, tx, agg)
+	*drained, err = p.drain(ctx, tx, agg, false)
 	return err
 }
 
@@ -178,7 +181,7 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 		to    int64
 	)
 	e := p.entry(ctx, operator.ResolveGap, 0, agg)
-	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
+	resolve := func(tx pgx.Tx) error {
 		var err error
 		if found, err = p.ordering.Gap(ctx, tx, agg); err != nil {
 			return err
@@ -198,7 +201,7 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 			return err
 		}
 		if moved && to >= found.FirstParked-1 {
-			if n, err = p.drain(ctx, tx, agg); err != nil {
+			if n, err = p.drain(ctx, tx, agg, false); err != nil {
 				return err
 			}
 		}
@@ -210,7 +213,8 @@ func (p *Processor) ResolveGap(ctx context.Context, agg ordering.Aggregate) (int
 			return err
 		}
 		return p.countRequest(ctx, tx, operator.Progress{Drained: int64(n)})
-	})
+	}
+	err := p.releasing(func() error { return pgx.BeginFunc(ctx, p.db, resolve) })
 	if err != nil {
 		p.auditFailure(ctx, e, err)
 		return 0, err
@@ -231,4 +235,23 @@ func (p *Processor) afterRelease(drained int) {
 	if drained == drainChunk {
 		p.readyToDrain()
 	}
+}
+
+// releasing runs op, an operator action's transaction that releases
+// parked records, once more when a successor's handler ran past
+// [Config.HandlerTimeout] and took op's transaction with it
+// (drainLostError): that try counted against the successor, which the
+// second run leaves in line, and the drainer that DrainReady runs tries it
+// in a transaction of its own until it applies or is dead-lettered. The
+// action itself is not failed for a successor's fault.
+func (p *Processor) releasing(op func() error) error {
+	err := op()
+	var lost *drainLostError
+	if errors.As(err, &lost) {
+		p.log.Warn("consumer: a released parked record ran past Config.HandlerTimeout and took the transaction with it; its try counts toward MaxAttempts, it is left in line for DrainReady, and the action is run again",
+			slog.String("aggregate", lost.agg.String()), slog.Int64("seq", lost.seq), slog.Int("attempt", lost.tries), slog.String("error", lost.cause.Error()))
+		err = op()
+		p.readyToDrain()
+	}
+	return err
 }

@@ -68,6 +68,12 @@ type Processor struct {
 	log      *slog.Logger
 	// ready wakes [Consumer.Run]'s drainer; see readyToDrain and leftInLine.
 	ready chan struct{}
+	// faults counts the drain tries of parked records that lost their
+	// transaction; see drainFaults.
+	faults drainFaults
+	// pooler tells a pooler's lost statements from a handler's own; see
+	// poolerSeen.
+	pooler poolerSeen
 	// sql holds the hot path's statements; see tables.HotPath.
 	sql tables.HotPath
 	// tracer is [Config.Tracer]; batchTracer the same when it is a

@@ -2,9 +2,11 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,14 +28,39 @@ const drainChunk = 50
 // undoing the record that released it. Draining is rare; the savepoints
 // cost nothing on the hot path. When it returns drainChunk, more may be in
 // line: drainRest takes them in transactions of their own.
-func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate) (int, error) {
+//
+// A successor whose handler ran past [Config.HandlerTimeout] took tx's
+// connection with it (pgx closes it): drain returns a *drainLostError, and
+// the try counts against that successor in p.faults. In a later tx that
+// releases it, the successor is put back, in line, and left to drainOnce;
+// alone is set by drainOnce, whose tx drains nothing else first, and
+// there it is tried again, or dead-lettered without another run once its
+// tries reach MaxAttempts.
+func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate, alone bool) (int, error) {
+	first := true
 	return p.ordering.Drain(ctx, tx, agg, drainChunk, func(ctx context.Context, pk *ordering.Parked) error {
+		lost := p.faults.get(agg, pk.Seq)
+		if lost != nil && (!alone || !first) {
+			// Leave it in line for drainOnce, which p.faults.pending
+			// tells to run.
+			if _, err := p.ordering.Park(ctx, tx, agg, pk.Seq, pk.Record, pk.IdempotencyKey); err != nil {
+				return infra(err)
+			}
+			return sequence.ErrStopDrain
+		}
+		first = false
 		m, perr := parse(pk.Record, p.cfg.KeyFunc, p.cfg.MaxValueBytes)
 		m.IdempotencyKey = pk.IdempotencyKey
 		m.Seq, m.AggregateType, m.AggregateID = pk.Seq, agg.Type, agg.ID
-		herr := perr
-		runs := 0
-		for attempt := 1; herr == nil; attempt++ {
+		herr, runs, start := perr, 0, 1
+		var contended time.Time
+		if lost != nil {
+			runs, start = lost.tries, lost.tries+1
+			if lost.tries >= p.cfg.MaxAttempts {
+				herr = lost.cause
+			}
+		}
+		for attempt := start; herr == nil; attempt++ {
 			m.Attempt = attempt
 			sp, err := tx.Begin(ctx)
 			if err != nil {
@@ -44,20 +71,28 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 				if err := sp.Commit(ctx); err != nil {
 					return infra(fmt.Errorf("consumer: release savepoint: %w", err))
 				}
+				p.faults.clear(agg, m.Seq)
 				return nil
 			}
 			if err := sp.Rollback(ctx); err != nil {
+				var te *HandlerTimeoutError
+				if errors.As(herr, &te) && tx.Conn().IsClosed() {
+					// Its own deadline closed the connection: its
+					// fault, and nothing here can be saved.
+					return infra(p.faults.add(agg, m.Seq, herr))
+				}
 				return infra(fmt.Errorf("consumer: roll back to savepoint: %w", err))
 			}
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if p.judge(ctx, classify(herr), herr, m) == classTransient {
+			if p.judge(ctx, tx, classify(herr), herr, m) == classTransient {
 				// Not the parked record's fault: undo the whole
 				// transaction and hand the releasing record back.
 				return infra(fmt.Errorf("consumer: drain %s seq %d: %w", agg, m.Seq, herr))
 			}
-			if attempt >= p.cfg.MaxAttempts || IsPermanent(herr) {
+			riding := p.riding(&contended, herr)
+			if attempt >= p.cfg.MaxAttempts && !riding || IsPermanent(herr) {
 				break
 			}
 			if err := sleep(ctx, p.cfg.backoff(attempt)); err != nil {
@@ -77,7 +112,10 @@ func (p *Processor) drain(ctx context.Context, tx pgx.Tx, agg ordering.Aggregate
 			}
 		}
 		p.log.ErrorContext(ctx, "consumer: parked record dead-lettered", slog.String("aggregate", agg.String()),
-			slog.Int64("seq", m.Seq), slog.Int64("dead_letter_id", id), slog.String("error", herr.Error()))
+			slog.Int64("seq", m.Seq), slog.Int64("dead_letter_id", id), slog.Int("attempts", runs), slog.String("error", herr.Error()))
+		// Forgotten before tx commits: should it roll back, the record
+		// is parked again and counts from zero, which is the safe side.
+		p.faults.clear(agg, m.Seq)
 		return sequence.ErrStopDrain
 	})
 }
@@ -90,7 +128,18 @@ func (p *Processor) drainRest(ctx context.Context, agg ordering.Aggregate) (int,
 	for {
 		n, err := p.drainOnce(ctx, agg)
 		total += n
-		if err != nil || n < drainChunk {
+		var lost *drainLostError
+		if errors.As(err, &lost) {
+			// Its try counted; the next chunk starts with it again,
+			// until it applies or is dead-lettered.
+			p.log.WarnContext(ctx, "consumer: parked record ran past Config.HandlerTimeout in a drain; its try counts toward MaxAttempts",
+				slog.String("aggregate", agg.String()), slog.Int64("seq", lost.seq), slog.Int("attempt", lost.tries), slog.String("error", lost.cause.Error()))
+			if err := sleep(ctx, p.cfg.backoff(lost.tries)); err != nil {
+				return total, err
+			}
+			continue
+		}
+		if err != nil || n == 0 || n < drainChunk && !p.faults.pending(agg) {
 			return total, err
 		}
 	}
@@ -107,7 +156,7 @@ func (p *Processor) drainOnce(ctx context.Context, agg ordering.Aggregate) (int,
 		if err != nil || !ok {
 			return err
 		}
-		if n, err = p.drain(ctx, tx, agg); err != nil || n == 0 {
+		if n, err = p.drain(ctx, tx, agg, true); err != nil || n == 0 {
 			return err
 		}
 		// Draining after an operator request's letter counts for it.

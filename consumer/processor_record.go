@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,6 +27,9 @@ type recordRun struct {
 	// those that failed for the database's, which never dead-letter: after
 	// MaxAttempts of them in a row the record is handed back undone.
 	handlerRuns, attempt, transient int
+	// contended is when the record's failures that contention also causes
+	// began, zero when the last failure was not one; see riding.
+	contended time.Time
 	// tx is the transaction of the try in progress; pre is what its first
 	// statement, sent with BEGIN, said, or nil when apply is to claim the
 	// key in tx.
@@ -62,7 +66,7 @@ func (r *recordRun) process(ctx context.Context, prior error) (Result, error) {
 				return Result{}, err
 			}
 			tries := r.attempt
-			class = p.judge(ctx, classify(err), err, m)
+			class = p.judge(ctx, p.db, classify(err), err, m)
 			switch class {
 			case classTransient:
 				if r.transient++; r.transient >= p.cfg.MaxAttempts {
@@ -72,7 +76,8 @@ func (r *recordRun) process(ctx context.Context, prior error) (Result, error) {
 			case classData:
 				return r.deadLetter(ctx, err)
 			default:
-				if r.attempt >= p.cfg.MaxAttempts || IsPermanent(err) {
+				riding := p.riding(&r.contended, err)
+				if r.attempt >= p.cfg.MaxAttempts && !riding || IsPermanent(err) {
 					return r.deadLetter(ctx, err)
 				}
 				r.transient = 0
@@ -92,7 +97,7 @@ func (r *recordRun) process(ctx context.Context, prior error) (Result, error) {
 		res, err = r.try(ctx)
 		if err == nil {
 			res.Attempts = r.handlerRuns
-			if res.Drained == drainChunk {
+			if res.Drained == drainChunk || p.ordered(m) && p.faults.pending(m.aggregate()) {
 				n, err := p.drainRest(ctx, m.aggregate())
 				res.Drained += n
 				if err != nil {
@@ -137,8 +142,16 @@ func (r *recordRun) try(ctx context.Context) (Result, error) {
 	if err := tx.Commit(ctx); err != nil {
 		// A commit can fail because of the handler's deferred constraints
 		// or because the connection broke; either way the record is tried
-		// again and dedupe sorts out a commit that did land.
-		return Result{}, connectionLost(tx, fmt.Errorf("consumer: commit: %w", err))
+		// again and dedupe sorts out a commit that did land. The COMMIT is
+		// the SDK's own statement: a serialization failure, a deadlock or
+		// any other SQLSTATE that contention or an outage causes there is
+		// retried without counting; only a deferred constraint's error
+		// (any other SQLSTATE) counts against the record.
+		err = fmt.Errorf("consumer: commit: %w", err)
+		if classify(err) == classSuspect {
+			err = infra(err)
+		}
+		return Result{}, connectionLost(tx, err)
 	}
 	return res, nil
 }
@@ -260,7 +273,7 @@ func (r *recordRun) apply(ctx context.Context) (Result, error) {
 	}
 	res := Result{Outcome: Applied}
 	if c.Parked > 0 {
-		n, err := p.drain(ctx, tx, agg)
+		n, err := p.drain(ctx, tx, agg, false)
 		if err != nil {
 			return Result{}, err
 		}
