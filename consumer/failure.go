@@ -22,6 +22,7 @@ func fingerprint(err error, attempts int) (reason deadletter.Reason, failure str
 		pe  *PanicError
 		te  *HandlerTimeoutError
 		sre *SequenceReusedError
+		cde *ConflictingDuplicateError
 	)
 	switch {
 	case errors.As(err, &pe):
@@ -30,6 +31,8 @@ func fingerprint(err error, attempts int) (reason deadletter.Reason, failure str
 		return deadletter.ReasonTimeout, fmt.Sprintf("timeout after %s", te.Timeout)
 	case errors.Is(err, ErrDeliveryLimit):
 		return deadletter.ReasonDeliveryLimit, string(deadletter.ReasonDeliveryLimit)
+	case errors.As(err, &cde):
+		return deadletter.ReasonConflict, "conflict: idempotency key claimed by another event"
 	case errors.As(err, &sre):
 		return deadletter.ReasonSequence, "sequence: " + masked(err.Error())
 	case attempts == 0:

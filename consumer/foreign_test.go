@@ -45,14 +45,14 @@ func TestForeignRecords(t *testing.T) {
 			p, err := consumer.Handle(db.Pool, "svc", md.handler(e), cfg)
 			require.NoError(t, err)
 			var recs []*kgo.Record
-			for i := range 4 {
-				recs = append(recs, &kgo.Record{Topic: "dbz", Key: []byte("o"), Value: []byte(fmt.Sprint(i)), Headers: hs(outbox.HeaderDebeziumID, "same")})
+			for range 4 {
+				recs = append(recs, &kgo.Record{Topic: "dbz", Key: []byte("o"), Value: []byte("v"), Headers: hs(outbox.HeaderDebeziumID, "same")})
 			}
 			// The same duplicate through the SDK's own key is not the
 			// fallback's problem and says nothing.
 			recs = append(recs,
 				&kgo.Record{Topic: "sdk", Key: []byte("o"), Value: []byte("a"), Headers: hs(outbox.HeaderEventID, "evt", outbox.HeaderDebeziumID, "x")},
-				&kgo.Record{Topic: "sdk", Key: []byte("o"), Value: []byte("b"), Headers: hs(outbox.HeaderEventID, "evt", outbox.HeaderDebeziumID, "y")})
+				&kgo.Record{Topic: "sdk", Key: []byte("o"), Value: []byte("a"), Headers: hs(outbox.HeaderEventID, "evt", outbox.HeaderDebeziumID, "y")})
 			res := processAll(t, p, md.batch, recs...)
 			require.Equal(t, []consumer.Outcome{consumer.Applied, consumer.Duplicate, consumer.Duplicate, consumer.Duplicate,
 				consumer.Applied, consumer.Duplicate}, outcomes(res))

@@ -56,7 +56,8 @@ func (r *recordRun) deadLetter(ctx context.Context, cause error) (Result, error)
 		dup bool
 	)
 	err := pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		if m.IdempotencyKey != "" {
+		var conflict *ConflictingDuplicateError
+		if m.IdempotencyKey != "" && !errors.As(cause, &conflict) {
 			claimed, err := p.dedupe.Claimed(ctx, tx, m.IdempotencyKey)
 			if err != nil || claimed {
 				dup = claimed

@@ -185,9 +185,9 @@ type claimed struct {
 func (r *recordRun) firstStatement() (string, []any) {
 	p, m := r.p, r.m
 	if p.ordered(m) {
-		return p.sql.ClaimAdvance, []any{p.name, m.AggregateType, m.AggregateID, m.Seq, m.IdempotencyKey}
+		return p.sql.ClaimAdvance, []any{p.name, m.AggregateType, m.AggregateID, m.Seq, m.IdempotencyKey, m.identity()}
 	}
-	return p.sql.ClaimOnly, []any{p.name, m.IdempotencyKey}
+	return p.sql.ClaimOnly, []any{p.name, m.IdempotencyKey, m.identity()}
 }
 
 // apply does the work of the record inside r.tx: claim (unless r.pre says
@@ -207,6 +207,9 @@ func (r *recordRun) apply(ctx context.Context) (Result, error) {
 		r.pre = &c
 	}
 	if !r.pre.fresh {
+		if err := r.checkIdentity(ctx); err != nil {
+			return Result{}, err
+		}
 		p.noteDuplicate(ctx, m)
 		return Result{Outcome: Duplicate}, nil
 	}
@@ -286,4 +289,20 @@ func (r *recordRun) apply(ctx context.Context) (Result, error) {
 func (r *recordRun) handle(ctx context.Context) error {
 	r.handlerRuns++
 	return r.p.call(ctx, r.tx, r.m)
+}
+
+// checkIdentity compares the identity stored with the record's claimed key
+// to the record's own: a different one is a conflicting duplicate, a
+// permanent failure, never a silent skip. A key stored without an identity
+// (claimed before version 15, or by a batch or dedupe.Store) is a plain
+// duplicate.
+func (r *recordRun) checkIdentity(ctx context.Context) error {
+	var stored *string
+	if err := r.tx.QueryRow(ctx, r.p.sql.ClaimedIdentity, r.p.name, r.m.IdempotencyKey).Scan(&stored); err != nil {
+		return infra(fmt.Errorf("consumer: read claimed key's identity: %w", err))
+	}
+	if got := r.m.identity(); stored != nil && *stored != got {
+		return Permanent(&ConflictingDuplicateError{Key: r.m.IdempotencyKey, Stored: *stored, Got: got})
+	}
+	return nil
 }

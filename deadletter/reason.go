@@ -45,10 +45,16 @@ const (
 	// [Letter.History] says why its deliveries failed; fix that (often a
 	// consumer that crashed or was stopped mid-record), then replay.
 	ReasonDeliveryLimit Reason = "delivery_limit"
+	// ReasonConflict is a conflicting duplicate: a record whose idempotency
+	// key was claimed before by a record of another identity (aggregate,
+	// sequence or payload). Its error shows the stored identity and the
+	// record's; the record itself is the letter. Discard it once the
+	// producer is fixed; a replay conflicts again.
+	ReasonConflict Reason = "conflict"
 )
 
 // reasons are the Reason values, in the order Reasons returns them.
-var reasons = []Reason{ReasonHandler, ReasonPanic, ReasonTimeout, ReasonSequence, ReasonInput, ReasonDeliveryLimit}
+var reasons = []Reason{ReasonHandler, ReasonPanic, ReasonTimeout, ReasonSequence, ReasonInput, ReasonDeliveryLimit, ReasonConflict}
 
 // Reasons returns every Reason the consumer writes, in a fixed order: the
 // list a filter offers. The slice is the caller's.

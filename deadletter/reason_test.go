@@ -14,7 +14,7 @@ func TestReasons(t *testing.T) {
 		t.Parallel()
 		rs := deadletter.Reasons()
 		require.Equal(t, []deadletter.Reason{deadletter.ReasonHandler, deadletter.ReasonPanic, deadletter.ReasonTimeout,
-			deadletter.ReasonSequence, deadletter.ReasonInput, deadletter.ReasonDeliveryLimit}, rs)
+			deadletter.ReasonSequence, deadletter.ReasonInput, deadletter.ReasonDeliveryLimit, deadletter.ReasonConflict}, rs)
 		rs[0] = "changed"
 		require.Equal(t, deadletter.ReasonHandler, deadletter.Reasons()[0])
 	})
@@ -30,7 +30,7 @@ func TestReasons(t *testing.T) {
 		require.NoError(t, err, "the empty reason filters nothing")
 		require.Empty(t, got)
 		_, err = deadletter.ParseReason("Handler")
-		require.EqualError(t, err, `deadletter: unknown reason "Handler"; want one of handler, panic, timeout, sequence, input, delivery_limit`)
+		require.EqualError(t, err, `deadletter: unknown reason "Handler"; want one of handler, panic, timeout, sequence, input, delivery_limit, conflict`)
 		require.False(t, deadletter.Reason("").Valid())
 	})
 }

@@ -13,10 +13,17 @@ type HotPath struct {
 	// INSERT ... ON CONFLICT branch that only an aggregate's first record
 	// needs. ON CONFLICT arbitrates races on the key; the row lock orders
 	// racing moves of one position.
+	// $6 is the record's identity, stored with the key (see
+	// ClaimedIdentity).
 	ClaimAdvance string
 	// ClaimOnly is ClaimAdvance for a record without a sequence: it claims
-	// key $2 and returns whether it was fresh and a NULL count.
+	// key $2 with identity $3 and returns whether it was fresh and a NULL
+	// count.
 	ClaimOnly string
+	// ClaimedIdentity reads the identity stored with key $2, NULL for a
+	// key claimed without one (before version 15, or by dedupe.Store or
+	// a batch). Only a duplicate pays for it.
+	ClaimedIdentity string
 	// ClaimMany claims the keys $2 (text[]) and returns, in one row, those
 	// it inserted, so that it can travel with BEGIN like ClaimAdvance.
 	ClaimMany string
@@ -47,7 +54,7 @@ type HotPath struct {
 func hotPath(q func(string) string) HotPath {
 	return HotPath{
 		ClaimAdvance: q(`WITH claim AS (
-    INSERT INTO {schema}.processed_keys (consumer, key) VALUES ($1, $5) ON CONFLICT DO NOTHING RETURNING 1
+    INSERT INTO {schema}.processed_keys (consumer, key, identity) VALUES ($1, $5, $6) ON CONFLICT DO NOTHING RETURNING 1
 ), up AS (
     UPDATE {schema}.positions SET last_seq = $4::bigint, updated_at = now()
     WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND last_seq = $4::bigint - 1
@@ -56,9 +63,10 @@ func hotPath(q func(string) string) HotPath {
 )
 SELECT EXISTS (SELECT 1 FROM claim), (SELECT parked FROM up)`),
 		ClaimOnly: q(`WITH claim AS (
-    INSERT INTO {schema}.processed_keys (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1
+    INSERT INTO {schema}.processed_keys (consumer, key, identity) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM claim), NULL::integer`),
+		ClaimedIdentity: q(`SELECT identity FROM {schema}.processed_keys WHERE consumer = $1 AND key = $2`),
 		ClaimMany: q(`WITH claim AS (
     INSERT INTO {schema}.processed_keys (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k
     ON CONFLICT DO NOTHING RETURNING key

@@ -1,0 +1,13 @@
+-- 0015: each processed key records what identifies its content.
+--
+-- A key claimed before was taken as a duplicate whatever came with it:
+-- a record reusing another event's idempotency key with another sequence
+-- or payload (a producer bug, or events renumbered after a failover that
+-- lost committed rows) was skipped without a word. The consumer now
+-- stores the record's identity (aggregate, sequence and a hash of its
+-- payload) with the key, in the claim's own INSERT, and compares it when
+-- the key comes back: a record whose identity differs is a conflicting
+-- duplicate and is dead-lettered. Keys claimed before this version have
+-- no identity and stay plain duplicates. Adding a nullable column without
+-- a default rewrites nothing.
+ALTER TABLE processed_keys ADD COLUMN IF NOT EXISTS identity text;
