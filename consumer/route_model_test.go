@@ -174,7 +174,7 @@ func (h *routeHarness) start() error {
 		MaxAttempts: modelMaxAttempts, MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond,
 		HandlerTimeout: modelHandlerTimeout, MaxValueBytes: modelMaxValue, Logger: quietLogger,
 		ContentionSpan: -1, // as in TestModel: MaxAttempts alone decides
-		Route: &consumer.Route{Owner: h.owner.owner, Fallback: h.fallback},
+		Route:          &consumer.Route{Owner: h.owner.owner, Fallback: h.fallback},
 	}
 	h.down = map[string]*outage{}
 	for _, tg := range h.targets {
