@@ -98,7 +98,7 @@ VALUES ('shipping', 'orders', 0, 9, '{}', '{}', 'downstream broken', 5, '\x00')`
 	require.ErrorContains(t, err, "want table or json")
 
 	require.ErrorContains(t, run(ctx, nil, &bytes.Buffer{}), "usage:")
-	require.ErrorContains(t, run(ctx, nil, &bytes.Buffer{}), "-reason: handler, panic, timeout, sequence, input, delivery_limit)")
+	require.ErrorContains(t, run(ctx, nil, &bytes.Buffer{}), "-reason: handler, panic, timeout, sequence, input, delivery_limit, conflict)")
 	err = run(ctx, []string{"letters", "list", "-database", db.Server.URL, "-schema", db.Schema, "-reason", "handlr"}, &bytes.Buffer{})
 	require.Equal(t, exitUsage, exitCode(err))
 	require.ErrorContains(t, err, `-reason "handlr": want one of handler, panic, timeout, sequence, input, delivery_limit`)
